@@ -1,0 +1,263 @@
+//! The contract between rivet's eBPF programs and its userspace: every map key
+//! and value, the counter indices, and the constants both sides must agree on.
+//!
+//! Rules for every type here (they are copied byte for byte between kernel and
+//! userspace):
+//! - `#[repr(C)]`, `Copy`, no implicit padding (explicit `_pad` fields instead),
+//! - IPv4 addresses are `u32` holding the four octets in wire order, exactly as
+//!   they sit in a packet (use [`ipv4_key`] / [`ipv4_from_key`] in userspace),
+//! - `aya::Pod` is implemented only with the `user` feature.
+#![no_std]
+
+/// Names of the maps, as the loader finds them in the object and pins them.
+pub mod map_names {
+    /// Local endpoints: [`crate::EndpointKey`] → [`crate::EndpointInfo`].
+    pub const ENDPOINTS: &str = "ENDPOINTS";
+    /// Per-CPU counters indexed by [`crate::Counter`].
+    pub const STATS: &str = "STATS";
+    /// Node configuration, one [`crate::NodeConfig`] at index 0.
+    pub const CONFIG: &str = "CONFIG";
+    /// Addresses owned by the node itself: [`crate::EndpointKey`] → `u32` flags.
+    pub const LOCAL_ADDRS: &str = "LOCAL_ADDRS";
+
+    /// Every map the agent pins.
+    pub const ALL: [&str; 4] = [ENDPOINTS, STATS, CONFIG, LOCAL_ADDRS];
+}
+
+/// Names of the programs in the object.
+pub mod program_names {
+    /// TC ingress on each pod's host-side veth: traffic leaving a pod.
+    pub const FROM_POD: &str = "from_pod";
+    /// TC ingress on the node's uplink: traffic arriving at the node.
+    pub const FROM_UPLINK: &str = "from_uplink";
+}
+
+/// Capacity of the endpoints map (pods per node).
+pub const ENDPOINTS_MAX: u32 = 16_384;
+/// Capacity of the node-local address map.
+pub const LOCAL_ADDRS_MAX: u32 = 256;
+
+/// Key of the endpoints and local-address maps: an IPv4 address in wire order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    /// The address octets as they appear in the packet.
+    pub addr: u32,
+}
+
+/// A pod attached to this node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// ifindex of the host-side veth in the node's namespace.
+    pub ifindex: u32,
+    /// [`endpoint_flags`] bits.
+    pub flags: u32,
+    /// MAC of the pod's own interface (`eth0` inside the pod).
+    pub mac: [u8; 6],
+    /// MAC of the host-side veth: the pod's gateway MAC.
+    pub host_mac: [u8; 6],
+}
+
+/// Bits of [`EndpointInfo::flags`].
+pub mod endpoint_flags {
+    /// The endpoint is fully plumbed and may receive traffic.
+    pub const READY: u32 = 1;
+}
+
+/// Node-wide settings read by every program; one entry at index 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeConfig {
+    /// Gateway address the pods route through (169.254.1.1 by default), wire order.
+    pub gateway: u32,
+    /// The node's primary address (on its uplink), wire order; 0 if unknown.
+    pub node_ip: u32,
+    /// Pod CIDR of this node, network address in wire order.
+    pub pod_cidr: u32,
+    /// Prefix length of [`NodeConfig::pod_cidr`].
+    pub pod_prefix_len: u32,
+    /// [`config_flags`] bits.
+    pub flags: u32,
+    /// Reserved, keeps the struct 8-byte sized for future u64 fields.
+    pub _pad: u32,
+}
+
+/// Bits of [`NodeConfig::flags`].
+pub mod config_flags {
+    /// The agent has written this configuration (a zeroed entry means "not configured").
+    pub const CONFIGURED: u32 = 1;
+}
+
+/// One counter: packets and bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct StatsEntry {
+    /// Packets counted.
+    pub packets: u64,
+    /// Bytes counted (skb length at the hook).
+    pub bytes: u64,
+}
+
+/// Number of slots in the stats map; [`Counter`] values are below this.
+pub const COUNTERS_MAX: u32 = 64;
+
+/// Everything a program decides is counted under exactly one of these.
+///
+/// Values below [`Counter::FIRST_DROP`] are verdicts that let the packet live;
+/// values from it on are drop reasons. Values never change meaning once
+/// released (the stats map survives agent upgrades).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Delivered to a pod on this node with `bpf_redirect_peer`.
+    FwdLocal = 0,
+    /// Addressed to the node itself: passed to the host stack.
+    PassHost = 1,
+    /// Not handled by rivet (yet): passed to the host stack.
+    PassOther = 2,
+    /// ARP request for the gateway answered in BPF.
+    ArpReply = 3,
+    /// Valid ARP reply from a pod, passed to the host stack.
+    ArpPass = 4,
+    /// TTL would reach 0: passed to the stack, which sends ICMP time-exceeded.
+    PassTtl = 5,
+    /// Seen on the uplink and passed to the stack.
+    UplinkPass = 6,
+
+    /// Frame shorter than its Ethernet/ARP/IPv4 headers.
+    DropTruncated = 32,
+    /// IPv4 header invalid: version, IHL < 5, or total length beyond the frame.
+    DropBadIpHeader = 33,
+    /// Source IPv4 address is not the sending endpoint's.
+    DropSpoofedIp = 34,
+    /// Source MAC is not the sending endpoint's.
+    DropSpoofedMac = 35,
+    /// ARP whose sender is not the endpoint, or gratuitous ARP.
+    DropArpSpoofed = 36,
+    /// ARP that rivet does not answer (other target, other operation, not Ethernet/IPv4).
+    DropArpUnsupported = 37,
+    /// Ethertype other than IPv4 and ARP from a pod.
+    DropUnsupportedL3 = 38,
+    /// The agent has not configured the node yet.
+    DropNotConfigured = 39,
+}
+
+impl Counter {
+    /// First drop reason.
+    pub const FIRST_DROP: u32 = 32;
+
+    /// Every counter, in index order.
+    pub const ALL: [Counter; 15] = [
+        Counter::FwdLocal,
+        Counter::PassHost,
+        Counter::PassOther,
+        Counter::ArpReply,
+        Counter::ArpPass,
+        Counter::PassTtl,
+        Counter::UplinkPass,
+        Counter::DropTruncated,
+        Counter::DropBadIpHeader,
+        Counter::DropSpoofedIp,
+        Counter::DropSpoofedMac,
+        Counter::DropArpSpoofed,
+        Counter::DropArpUnsupported,
+        Counter::DropUnsupportedL3,
+        Counter::DropNotConfigured,
+    ];
+
+    /// Index in the stats map.
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// True when the packet was dropped.
+    pub const fn is_drop(self) -> bool {
+        self.index() >= Self::FIRST_DROP
+    }
+
+    /// Stable snake_case name, used by `rivetctl`, metrics and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::FwdLocal => "fwd_local",
+            Counter::PassHost => "pass_host",
+            Counter::PassOther => "pass_other",
+            Counter::ArpReply => "arp_reply",
+            Counter::ArpPass => "arp_pass",
+            Counter::PassTtl => "pass_ttl_exceeded",
+            Counter::UplinkPass => "uplink_pass",
+            Counter::DropTruncated => "drop_truncated",
+            Counter::DropBadIpHeader => "drop_bad_ip_header",
+            Counter::DropSpoofedIp => "drop_spoofed_ip",
+            Counter::DropSpoofedMac => "drop_spoofed_mac",
+            Counter::DropArpSpoofed => "drop_arp_spoofed",
+            Counter::DropArpUnsupported => "drop_arp_unsupported",
+            Counter::DropUnsupportedL3 => "drop_unsupported_l3",
+            Counter::DropNotConfigured => "drop_not_configured",
+        }
+    }
+
+    /// The counter at `index`, if any.
+    pub fn from_index(index: u32) -> Option<Counter> {
+        Counter::ALL.iter().copied().find(|c| c.index() == index)
+    }
+}
+
+/// Wire-order key of an address given as octets (userspace side of the contract).
+pub const fn ipv4_key(octets: [u8; 4]) -> u32 {
+    u32::from_ne_bytes(octets)
+}
+
+/// Octets of a wire-order key.
+pub const fn ipv4_from_key(key: u32) -> [u8; 4] {
+    key.to_ne_bytes()
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are #[repr(C)], Copy, made only of integers and
+    // byte arrays, and have no implicit padding (checked by the size asserts below).
+    unsafe impl aya::Pod for super::EndpointKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::EndpointInfo {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::NodeConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::StatsEntry {}
+}
+
+// No implicit padding: the sizes are the sums of the fields.
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
+const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 4 + 4 + 6 + 6);
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 6 * 4);
+const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_unique_and_in_range() {
+        for (i, a) in Counter::ALL.iter().enumerate() {
+            assert!(a.index() < COUNTERS_MAX);
+            assert_eq!(Counter::from_index(a.index()), Some(*a));
+            for b in &Counter::ALL[i + 1..] {
+                assert_ne!(a.index(), b.index());
+                assert_ne!(a.name(), b.name());
+            }
+        }
+    }
+
+    #[test]
+    fn drops_are_drops() {
+        assert!(!Counter::FwdLocal.is_drop());
+        assert!(Counter::DropSpoofedIp.is_drop());
+    }
+
+    #[test]
+    fn ipv4_keys_are_wire_order() {
+        let k = ipv4_key([10, 244, 1, 2]);
+        assert_eq!(k.to_ne_bytes(), [10, 244, 1, 2]);
+        assert_eq!(ipv4_from_key(k), [10, 244, 1, 2]);
+    }
+}

@@ -1,0 +1,52 @@
+//! Every map of the datapath. Types and capacities come from `rivet-common`;
+//! userspace pins all of them under the node's pin directory.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use rivet_common::{
+    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, LOCAL_ADDRS_MAX, NodeConfig, StatsEntry,
+};
+
+/// Pods on this node, by IPv4 address.
+#[map]
+pub static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> =
+    HashMap::with_max_entries(ENDPOINTS_MAX, 0);
+
+/// Addresses that belong to the node itself.
+#[map]
+pub static LOCAL_ADDRS: HashMap<EndpointKey, u32> = HashMap::with_max_entries(LOCAL_ADDRS_MAX, 0);
+
+/// Node configuration at index 0.
+#[map]
+pub static CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
+
+/// Per-CPU packet/byte counters indexed by `rivet_common::Counter`.
+#[map]
+pub static STATS: PerCpuArray<StatsEntry> = PerCpuArray::with_max_entries(COUNTERS_MAX, 0);
+
+/// The endpoint owning `addr`, if it is a local pod.
+#[inline(always)]
+pub fn endpoint(addr: u32) -> Option<&'static EndpointInfo> {
+    // SAFETY: entries are only replaced whole by the agent (BPF_ANY update of
+    // a preallocated hash); a concurrent update can at worst make us read the
+    // old or the new value, both valid endpoints.
+    unsafe { ENDPOINTS.get(EndpointKey { addr }) }
+}
+
+/// True if `addr` is one of the node's own addresses.
+#[inline(always)]
+pub fn is_local_addr(addr: u32) -> bool {
+    LOCAL_ADDRS.get_ptr(EndpointKey { addr }).is_some()
+}
+
+/// The node configuration, if the agent has written it.
+#[inline(always)]
+pub fn config() -> Option<&'static NodeConfig> {
+    let cfg = CONFIG.get(0)?;
+    if cfg.flags & rivet_common::config_flags::CONFIGURED == 0 {
+        return None;
+    }
+    Some(cfg)
+}

@@ -1,0 +1,54 @@
+//! Final verdicts. Every exit of every program goes through one of these
+//! functions, so every decision is counted under exactly one `Counter`.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+};
+use rivet_common::Counter;
+
+use crate::maps::STATS;
+
+#[inline(always)]
+fn count(ctx: &TcContext, counter: Counter) {
+    if let Some(entry) = STATS.get_ptr_mut(counter.index()) {
+        // SAFETY: per-CPU slot of a map value that lives as long as the map;
+        // no other program instance runs on this CPU concurrently.
+        unsafe {
+            (*entry).packets += 1;
+            (*entry).bytes += u64::from(ctx.len());
+        }
+    }
+}
+
+/// Let the packet continue into the host stack.
+#[inline(always)]
+pub fn pass(ctx: &TcContext, counter: Counter) -> i32 {
+    count(ctx, counter);
+    TC_ACT_OK as i32
+}
+
+/// Drop the packet, counted under its reason.
+#[inline(always)]
+pub fn drop(ctx: &TcContext, reason: Counter) -> i32 {
+    count(ctx, reason);
+    TC_ACT_SHOT as i32
+}
+
+/// Deliver into the namespace of the veth peer of `ifindex` (its ingress),
+/// skipping the host stack.
+#[inline(always)]
+pub fn redirect_peer(ctx: &TcContext, ifindex: u32, counter: Counter) -> i32 {
+    count(ctx, counter);
+    // SAFETY: plain helper call; it only records the target and returns a verdict.
+    unsafe { bpf_redirect_peer(ifindex, 0) as i32 }
+}
+
+/// Transmit out of `ifindex` (its egress).
+#[inline(always)]
+pub fn redirect(ctx: &TcContext, ifindex: u32, counter: Counter) -> i32 {
+    count(ctx, counter);
+    // SAFETY: plain helper call; it only records the target and returns a verdict.
+    unsafe { bpf_redirect(ifindex, 0) as i32 }
+}

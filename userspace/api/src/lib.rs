@@ -1,0 +1,357 @@
+//! The agent's API: JSON over a unix stream socket, one request per
+//! connection. The client writes one [`Request`], shuts down its write half,
+//! and reads one [`Response`] until EOF.
+//!
+//! This crate is deliberately small (serde only, blocking std I/O) so that the
+//! CNI plugin and `rivetctl` stay small and start fast.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::Ipv4Addr,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Default path of the agent socket.
+pub const DEFAULT_SOCKET: &str = "/run/rivet/rivetd.sock";
+
+/// Largest request or response the agent accepts.
+pub const MAX_MESSAGE: u64 = 4 << 20;
+
+/// Default interface name inside the pod.
+pub fn default_ifname() -> String {
+    "eth0".to_owned()
+}
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Create a pod attachment: veth, addresses, routes, map entry, program.
+    EndpointAdd(EndpointSpec),
+    /// Remove a pod attachment (idempotent).
+    EndpointDel(EndpointRef),
+    /// List the node's endpoints.
+    EndpointList,
+    /// Datapath counters, summed over CPUs.
+    Stats,
+    /// Agent and datapath status.
+    Status,
+}
+
+/// A pod attachment to create.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSpec {
+    /// Container (sandbox) ID; with `ifname` it names the attachment.
+    pub container_id: String,
+    /// Path of the pod's network namespace (`/run/netns/x`, `/proc/<pid>/ns/net`).
+    pub netns: String,
+    /// Interface name inside the pod.
+    #[serde(default = "default_ifname")]
+    pub ifname: String,
+    /// Address to give the pod; must be inside the node's pod CIDR and free.
+    pub ip: Ipv4Addr,
+}
+
+/// Names an attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointRef {
+    /// Container (sandbox) ID.
+    pub container_id: String,
+    /// Interface name inside the pod.
+    #[serde(default = "default_ifname")]
+    pub ifname: String,
+}
+
+/// A pod attached to the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Container (sandbox) ID.
+    pub container_id: String,
+    /// Interface name inside the pod.
+    pub ifname: String,
+    /// Pod network namespace path given at creation.
+    pub netns: String,
+    /// The pod's address (a /32 on its interface).
+    pub ip: Ipv4Addr,
+    /// MAC of the pod's interface.
+    pub mac: String,
+    /// Host-side veth name.
+    pub host_ifname: String,
+    /// Host-side veth ifindex in the node namespace.
+    pub host_ifindex: u32,
+    /// Host-side veth MAC (the pod's gateway MAC).
+    pub host_mac: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// The pod's default gateway.
+    pub gateway: Ipv4Addr,
+}
+
+/// One datapath counter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterValue {
+    /// Stable snake_case name (`fwd_local`, `drop_spoofed_ip`, ...).
+    pub name: String,
+    /// True for drop reasons.
+    pub drop: bool,
+    /// Packets, summed over CPUs.
+    pub packets: u64,
+    /// Bytes, summed over CPUs.
+    pub bytes: u64,
+}
+
+/// A program attached to an interface through a pinned TCX link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// Interface name in the node namespace.
+    pub interface: String,
+    /// Program name.
+    pub program: String,
+    /// Kernel program ID.
+    pub program_id: u32,
+    /// Kernel link ID.
+    pub link_id: u32,
+    /// Pin path of the link.
+    pub pin: String,
+}
+
+/// Agent status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// rivet version.
+    pub version: String,
+    /// Node name.
+    pub node_name: String,
+    /// Seconds since the agent started.
+    pub uptime_secs: u64,
+    /// Pod CIDR of the node.
+    pub pod_cidr: String,
+    /// Pods' gateway address.
+    pub gateway: Ipv4Addr,
+    /// Pod interface MTU.
+    pub mtu: u32,
+    /// Pin directory.
+    pub pin_dir: String,
+    /// Number of endpoints.
+    pub endpoints: usize,
+    /// Attached programs.
+    pub attachments: Vec<Attachment>,
+}
+
+/// What the agent answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    /// The endpoint that was created.
+    Endpoint(Endpoint),
+    /// All endpoints.
+    Endpoints {
+        /// The endpoints, sorted by IP.
+        endpoints: Vec<Endpoint>,
+    },
+    /// Result of a delete.
+    Deleted {
+        /// False when there was nothing to delete (DEL is idempotent).
+        existed: bool,
+    },
+    /// Datapath counters.
+    Stats {
+        /// Every counter, in index order.
+        counters: Vec<CounterValue>,
+    },
+    /// Agent status.
+    Status(AgentStatus),
+    /// The request failed.
+    Error(ApiError),
+}
+
+/// Category of a failed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is malformed or has invalid values.
+    BadRequest,
+    /// It conflicts with existing state (address in use, interface exists...).
+    Conflict,
+    /// Something it names does not exist (network namespace, ...).
+    NotFound,
+    /// The agent failed; details in the message.
+    Internal,
+}
+
+/// A failed request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// Category.
+    pub kind: ErrorKind,
+    /// One line naming what failed.
+    pub message: String,
+}
+
+impl ApiError {
+    /// Builds an error.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a call to the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nobody listens on the socket (agent down) or it cannot be opened.
+    #[error("cannot connect to the agent at {path}: {source}")]
+    Connect {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The exchange failed or timed out.
+    #[error("talking to the agent at {path}: {source}")]
+    Io {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The answer is not a valid response.
+    #[error("invalid response from the agent at {path}: {source}")]
+    Decode {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: serde_json::Error,
+    },
+    /// The agent answered with an error.
+    #[error("{0}")]
+    Api(ApiError),
+}
+
+/// A blocking client with a bounded timeout on every step.
+#[derive(Clone, Debug)]
+pub struct Client {
+    path: PathBuf,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client for the socket at `path` (default timeout 10 s).
+    pub fn new(path: impl AsRef<Path>) -> Self {
+        Self {
+            path: path.as_ref().to_owned(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Changes the timeout applied to each read and write.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `request` and returns the response; an error response becomes
+    /// [`ClientError::Api`].
+    pub fn call(&self, request: &Request) -> Result<Response, ClientError> {
+        let io = |source| ClientError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stream =
+            UnixStream::connect(&self.path).map_err(|source| ClientError::Connect {
+                path: self.path.clone(),
+                source,
+            })?;
+        stream.set_read_timeout(Some(self.timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let body = serde_json::to_vec(request).map_err(|source| ClientError::Decode {
+            path: self.path.clone(),
+            source,
+        })?;
+        stream.write_all(&body).map_err(io)?;
+        stream.shutdown(std::net::Shutdown::Write).map_err(io)?;
+        let mut answer = Vec::new();
+        stream
+            .take(MAX_MESSAGE)
+            .read_to_end(&mut answer)
+            .map_err(io)?;
+        let response: Response =
+            serde_json::from_slice(&answer).map_err(|source| ClientError::Decode {
+                path: self.path.clone(),
+                source,
+            })?;
+        match response {
+            Response::Error(e) => Err(ClientError::Api(e)),
+            other => Ok(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let req = Request::EndpointAdd(EndpointSpec {
+            container_id: "c1".into(),
+            netns: "/run/netns/p1".into(),
+            ifname: "eth0".into(),
+            ip: Ipv4Addr::new(10, 244, 0, 2),
+        });
+        let text = serde_json::to_string(&req).expect("serialize");
+        assert_eq!(
+            text,
+            r#"{"op":"endpoint_add","container_id":"c1","netns":"/run/netns/p1","ifname":"eth0","ip":"10.244.0.2"}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&text).expect("parse"), req);
+    }
+
+    #[test]
+    fn ifname_defaults_to_eth0() {
+        let req: Request =
+            serde_json::from_str(r#"{"op":"endpoint_del","container_id":"c1"}"#).expect("parse");
+        assert_eq!(
+            req,
+            Request::EndpointDel(EndpointRef {
+                container_id: "c1".into(),
+                ifname: "eth0".into()
+            })
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_ops_are_rejected() {
+        assert!(serde_json::from_str::<Request>(r#"{"op":"endpoint_list","x":1}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
+        assert!(
+            serde_json::from_str::<Request>(
+                r#"{"op":"endpoint_add","container_id":"c","netns":"/x","ip":"10.0.0.300"}"#
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn connecting_to_nothing_fails_fast() {
+        let err = Client::new("/nonexistent/rivet.sock")
+            .call(&Request::Status)
+            .expect_err("no agent");
+        assert!(matches!(err, ClientError::Connect { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/rivet.sock"));
+    }
+}

@@ -1,0 +1,329 @@
+//! The node agent: owns the datapath of one node, serves the API socket and
+//! keeps kernel state reconciled with its records.
+
+use std::{
+    net::Ipv4Addr,
+    os::unix::fs::PermissionsExt as _,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use rivet_api::{
+    AgentStatus, ApiError, Attachment, CounterValue, ErrorKind, MAX_MESSAGE, Request, Response,
+};
+use rivet_common::{NodeConfig, config_flags, ipv4_key, program_names};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{UnixListener, UnixStream},
+    sync::Mutex,
+};
+
+use crate::{
+    config::AgentConfig,
+    datapath::{Datapath, DatapathError},
+    endpoint::{EndpointError, EndpointSettings, Endpoints},
+    netlink::{ConnectError, Netlink, NetlinkError},
+    pins::{self, Hook, PinError, PinLayout, PinLock},
+    store::{self, StoreError},
+};
+
+/// How often the agent re-checks kernel state against its records.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+/// Longest a client may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Agent start-up and run-time errors.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// bpffs or pin directory problem.
+    #[error(transparent)]
+    Pins(#[from] PinError),
+    /// Datapath problem.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    /// Netlink problem.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    /// Netlink socket problem.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// Endpoint reconciliation problem.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// State directory problem.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configured uplink does not exist.
+    #[error("uplink interface {0} does not exist in the node's network namespace")]
+    NoUplink(String),
+    /// The socket could not be served.
+    #[error("API socket {path}: {source}")]
+    Socket {
+        /// Path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Everything mutable, behind one lock: endpoint changes are serialized.
+pub struct NodeState {
+    /// The loaded datapath.
+    pub dp: Datapath,
+    /// Endpoint records.
+    pub endpoints: Endpoints,
+}
+
+/// A running agent.
+pub struct Agent {
+    cfg: AgentConfig,
+    nl: Netlink,
+    state: Mutex<NodeState>,
+    started: Instant,
+    mtu: u32,
+    _lock: PinLock,
+}
+
+/// The synchronous part of start-up, done before any thread exists:
+/// bpffs, pin directory, lock, and loading the object with its pinned maps.
+pub fn prepare(cfg: &AgentConfig) -> Result<(PinLock, Datapath), AgentError> {
+    pins::ensure_bpffs(&cfg.bpffs)?;
+    let layout = PinLayout::new(&cfg.pin_dir);
+    layout.create()?;
+    let lock = layout.lock()?;
+    let dp = Datapath::load(&layout)?;
+    Ok((lock, dp))
+}
+
+impl Agent {
+    /// Configures the datapath (config map, local addresses, uplink program)
+    /// and reconciles endpoints, swapping every attached program for the
+    /// freshly loaded one.
+    pub async fn start(
+        cfg: AgentConfig,
+        lock: PinLock,
+        mut dp: Datapath,
+    ) -> Result<Self, AgentError> {
+        let nl = Netlink::connect()?;
+        let addrs = nl.ipv4_addresses().await?;
+        let uplink = match &cfg.uplink {
+            Some(name) => Some(
+                nl.link_by_name(name)
+                    .await?
+                    .ok_or_else(|| AgentError::NoUplink(name.clone()))?,
+            ),
+            None => None,
+        };
+        let mtu = cfg.mtu.or(uplink.as_ref().map(|l| l.mtu)).unwrap_or(1500);
+        let node_ip = uplink
+            .as_ref()
+            .and_then(|l| addrs.iter().find(|(i, _)| *i == l.index))
+            .map(|(_, ip)| *ip);
+
+        dp.write_config(NodeConfig {
+            gateway: ipv4_key(cfg.gateway.octets()),
+            node_ip: node_ip.map_or(0, |ip| ipv4_key(ip.octets())),
+            pod_cidr: ipv4_key(cfg.pod_cidr.network().octets()),
+            pod_prefix_len: u32::from(cfg.pod_cidr.prefix_len()),
+            flags: config_flags::CONFIGURED,
+            _pad: 0,
+        })?;
+        let local: Vec<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
+        dp.set_local_addrs(&local)?;
+        if let Some(uplink) = &uplink {
+            let link = dp.attach(program_names::FROM_UPLINK, &uplink.name, Hook::Ingress)?;
+            tracing::info!(interface = %uplink.name, link_id = link.link_id, program_id = link.program_id, "uplink attached");
+        }
+
+        store::create_private_dir(&cfg.state_dir)?;
+        let mut endpoints = Endpoints::open(
+            EndpointSettings {
+                pod_cidr: cfg.pod_cidr,
+                gateway: cfg.gateway,
+                mtu,
+            },
+            &cfg.state_dir,
+        )?;
+        endpoints
+            .reconcile(&nl, &mut dp, true, &keep_links(&cfg))
+            .await?;
+        tracing::info!(
+            node = %cfg.node_name,
+            endpoints = endpoints.len(),
+            pin_dir = %cfg.pin_dir.display(),
+            "datapath ready"
+        );
+        Ok(Self {
+            cfg,
+            nl,
+            state: Mutex::new(NodeState { dp, endpoints }),
+            started: Instant::now(),
+            mtu,
+            _lock: lock,
+        })
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request) -> Response {
+        match self.dispatch(request).await {
+            Ok(r) => r,
+            Err(e) => Response::Error(e),
+        }
+    }
+
+    async fn dispatch(&self, request: Request) -> Result<Response, ApiError> {
+        let internal = |e: DatapathError| ApiError::new(ErrorKind::Internal, e.to_string());
+        let mut state = self.state.lock().await;
+        let NodeState { dp, endpoints } = &mut *state;
+        match request {
+            Request::EndpointAdd(spec) => {
+                let ep = endpoints.add(spec, &self.nl, dp).await?;
+                tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
+                Ok(Response::Endpoint(ep))
+            }
+            Request::EndpointDel(r) => {
+                let existed = endpoints.del(&r, &self.nl, dp).await?;
+                tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
+                Ok(Response::Deleted { existed })
+            }
+            Request::EndpointList => Ok(Response::Endpoints {
+                endpoints: endpoints.list(),
+            }),
+            Request::Stats => Ok(Response::Stats {
+                counters: dp
+                    .counters()
+                    .map_err(internal)?
+                    .into_iter()
+                    .map(|(c, v)| CounterValue {
+                        name: c.name().to_owned(),
+                        drop: c.is_drop(),
+                        packets: v.packets,
+                        bytes: v.bytes,
+                    })
+                    .collect(),
+            }),
+            Request::Status => {
+                let attachments = dp
+                    .links()
+                    .map_err(internal)?
+                    .into_iter()
+                    .map(|l| Attachment {
+                        interface: l.interface,
+                        program: l.program,
+                        program_id: l.program_id,
+                        link_id: l.link_id,
+                        pin: l.pin.display().to_string(),
+                    })
+                    .collect();
+                Ok(Response::Status(AgentStatus {
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    node_name: self.cfg.node_name.clone(),
+                    uptime_secs: self.started.elapsed().as_secs(),
+                    pod_cidr: self.cfg.pod_cidr.to_string(),
+                    gateway: self.cfg.gateway,
+                    mtu: self.mtu,
+                    pin_dir: self.cfg.pin_dir.display().to_string(),
+                    endpoints: endpoints.len(),
+                    attachments,
+                }))
+            }
+        }
+    }
+
+    /// One reconciliation pass: local addresses, then endpoints.
+    pub async fn reconcile(&self) -> Result<(), AgentError> {
+        let addrs = self.nl.ipv4_addresses().await?;
+        let local: Vec<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
+        let mut state = self.state.lock().await;
+        let NodeState { dp, endpoints } = &mut *state;
+        dp.set_local_addrs(&local)?;
+        endpoints
+            .reconcile(&self.nl, dp, false, &keep_links(&self.cfg))
+            .await?;
+        Ok(())
+    }
+
+    /// Waits for in-flight changes to finish (used at shutdown).
+    pub async fn quiesce(&self) {
+        drop(self.state.lock().await);
+    }
+}
+
+fn keep_links(cfg: &AgentConfig) -> Vec<String> {
+    cfg.uplink.iter().cloned().collect()
+}
+
+/// Binds the API socket: parent directory 0700, stale socket replaced (the
+/// pin lock proves no other agent owns it), socket 0600.
+pub fn bind(path: &Path) -> Result<UnixListener, AgentError> {
+    let sock_err = |source| AgentError::Socket {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        store::create_private_dir(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(sock_err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(sock_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(sock_err)?;
+    Ok(listener)
+}
+
+/// Serves connections until `shutdown` resolves.
+pub async fn serve(
+    agent: Arc<Agent>,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let agent = Arc::clone(&agent);
+                    tokio::spawn(async move {
+                        if let Err(e) = handle_connection(&agent, stream).await {
+                            tracing::debug!(error = %e, "API connection");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an API connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+async fn handle_connection(agent: &Agent, mut stream: UnixStream) -> std::io::Result<()> {
+    let mut body = Vec::new();
+    let read = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        (&mut stream).take(MAX_MESSAGE).read_to_end(&mut body),
+    )
+    .await;
+    let response = match read {
+        Err(_) => Response::Error(ApiError::new(
+            ErrorKind::BadRequest,
+            "timed out reading the request",
+        )),
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(_)) => match serde_json::from_slice::<Request>(&body) {
+            Ok(request) => agent.handle(request).await,
+            Err(e) => Response::Error(ApiError::new(
+                ErrorKind::BadRequest,
+                format!("invalid request: {e}"),
+            )),
+        },
+    };
+    let bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
+    stream.write_all(&bytes).await?;
+    stream.shutdown().await
+}

@@ -1,0 +1,194 @@
+//! rivetctl: talk to a running rivetd.
+
+use std::{net::Ipv4Addr, path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use rivet_api::{Client, EndpointRef, EndpointSpec, Request, Response};
+
+#[derive(Parser)]
+#[command(
+    name = "rivetctl",
+    version,
+    about = "Inspect and drive a rivet node agent"
+)]
+struct Cli {
+    /// Agent API socket.
+    #[arg(long, short, global = true, default_value = rivet_api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Output format.
+    #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Agent status: node, attachments, endpoint count.
+    Status,
+    /// List endpoints (pods attached to this node).
+    Endpoints,
+    /// Create or delete an endpoint.
+    Endpoint {
+        #[command(subcommand)]
+        action: EndpointAction,
+    },
+    /// Datapath counters (verdicts and drop reasons).
+    Stats {
+        /// Also show counters that are zero.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Print the rivetctl version.
+    Version,
+}
+
+#[derive(Subcommand)]
+enum EndpointAction {
+    /// Attach a pod: veth, address, routes, map entry, program.
+    Add {
+        /// Container (sandbox) ID.
+        #[arg(long)]
+        container_id: String,
+        /// Pod network namespace path.
+        #[arg(long)]
+        netns: String,
+        /// Pod address (inside the node's pod CIDR).
+        #[arg(long)]
+        ip: Ipv4Addr,
+        /// Interface name inside the pod.
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+    },
+    /// Detach a pod (idempotent).
+    Del {
+        /// Container (sandbox) ID.
+        #[arg(long)]
+        container_id: String,
+        /// Interface name inside the pod.
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rivetctl: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let client = Client::new(&cli.socket);
+    let request = match &cli.command {
+        Command::Version => {
+            println!("rivetctl {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+        Command::Status => Request::Status,
+        Command::Endpoints => Request::EndpointList,
+        Command::Stats { .. } => Request::Stats,
+        Command::Endpoint { action } => match action {
+            EndpointAction::Add {
+                container_id,
+                netns,
+                ip,
+                ifname,
+            } => Request::EndpointAdd(EndpointSpec {
+                container_id: container_id.clone(),
+                netns: netns.clone(),
+                ifname: ifname.clone(),
+                ip: *ip,
+            }),
+            EndpointAction::Del {
+                container_id,
+                ifname,
+            } => Request::EndpointDel(EndpointRef {
+                container_id: container_id.clone(),
+                ifname: ifname.clone(),
+            }),
+        },
+    };
+    let response = client.call(&request)?;
+    if matches!(cli.output, Output::Json) {
+        println!("{}", serde_json::to_string_pretty(&response)?);
+        return Ok(());
+    }
+    let show_all = matches!(cli.command, Command::Stats { all: true });
+    print_table(&response, show_all);
+    Ok(())
+}
+
+fn print_table(response: &Response, show_all: bool) {
+    match response {
+        Response::Endpoint(ep) => {
+            println!(
+                "added {} ({} {}) on {} mac {}",
+                ep.ip, ep.container_id, ep.ifname, ep.host_ifname, ep.mac
+            );
+        }
+        Response::Endpoints { endpoints } => {
+            println!(
+                "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} MTU",
+                "IP", "CONTAINER", "IFNAME", "HOST-IF", "IFINDEX", "MAC"
+            );
+            for ep in endpoints {
+                println!(
+                    "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} {}",
+                    ep.ip.to_string(),
+                    ep.container_id,
+                    ep.ifname,
+                    ep.host_ifname,
+                    ep.host_ifindex,
+                    ep.mac,
+                    ep.mtu
+                );
+            }
+        }
+        Response::Deleted { existed } => {
+            println!(
+                "{}",
+                if *existed {
+                    "deleted"
+                } else {
+                    "nothing to delete"
+                }
+            );
+        }
+        Response::Stats { counters } => {
+            println!("{:<24} {:>14} {:>16}", "COUNTER", "PACKETS", "BYTES");
+            for c in counters.iter().filter(|c| show_all || c.packets > 0) {
+                println!("{:<24} {:>14} {:>16}", c.name, c.packets, c.bytes);
+            }
+        }
+        Response::Status(s) => {
+            println!(
+                "rivetd {}  node {}  up {}s",
+                s.version, s.node_name, s.uptime_secs
+            );
+            println!(
+                "pod CIDR {}  gateway {}  MTU {}",
+                s.pod_cidr, s.gateway, s.mtu
+            );
+            println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
+            println!("attachments:");
+            for a in &s.attachments {
+                println!(
+                    "  {:<15} {:<12} program {:>5}  link {:>5}",
+                    a.interface, a.program, a.program_id, a.link_id
+                );
+            }
+        }
+        Response::Error(e) => println!("error: {e}"),
+    }
+}

@@ -1,0 +1,268 @@
+//! rivetd: the rivet node agent.
+
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
+
+use clap::{Parser, Subcommand};
+use rivet::{
+    agent::{self, Agent, AgentError, RECONCILE_INTERVAL},
+    config::{AgentConfig, FileConfig},
+    datapath, netns,
+    pins::PinLayout,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "rivetd",
+    version,
+    about = "rivet node agent: owns the eBPF datapath of one node"
+)]
+struct Cli {
+    /// TOML configuration file; flags override its values.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Node name (names the pin directory).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Pod CIDR of this node.
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// Pods' gateway address (answered for in BPF).
+    #[arg(long)]
+    gateway: Option<std::net::Ipv4Addr>,
+    /// Uplink interface of the node.
+    #[arg(long)]
+    uplink: Option<String>,
+    /// Pod interface MTU.
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Network namespace to run in (name under /run/netns, or a path).
+    #[arg(long)]
+    netns: Option<String>,
+    /// bpffs mount point.
+    #[arg(long)]
+    bpffs: Option<PathBuf>,
+    /// Pin directory (default <bpffs>/rivet/<node-name>).
+    #[arg(long)]
+    pin_dir: Option<PathBuf>,
+    /// State directory (default /var/lib/rivet/<node-name>).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// API socket path.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Log filter (tracing env-filter syntax); RUST_LOG also works.
+    #[arg(long, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Clone, Copy)]
+enum Command {
+    /// Load and attach the datapath, then serve the API (default).
+    Run,
+    /// Load, pin and attach the datapath, print what is attached, and exit
+    /// (the datapath keeps running from its pins).
+    Load,
+    /// Remove everything the agent made on this node: pod veths, links,
+    /// programs, maps, pins, records.
+    Unload,
+}
+
+impl Cli {
+    fn file_config(&self) -> Result<FileConfig, AgentError2> {
+        let file = match &self.config {
+            Some(p) => FileConfig::from_file(p)?,
+            None => FileConfig::default(),
+        };
+        Ok(file.merge(FileConfig {
+            node_name: self.node_name.clone(),
+            pod_cidr: self.pod_cidr.clone(),
+            gateway: self.gateway,
+            uplink: self.uplink.clone(),
+            mtu: self.mtu,
+            netns: self.netns.clone(),
+            bpffs: self.bpffs.clone(),
+            pin_dir: self.pin_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            socket: self.socket.clone(),
+        }))
+    }
+}
+
+/// Every error rivetd can exit with.
+#[derive(Debug, thiserror::Error)]
+enum AgentError2 {
+    #[error(transparent)]
+    Config(#[from] rivet::config::ConfigError),
+    #[error(transparent)]
+    Netns(#[from] rivet::netns::NetnsError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rivetd: error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `outer: inner: root`, skipping causes whose text the outer one already carries.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn run(cli: &Cli) -> Result<(), AgentError2> {
+    let cfg = AgentConfig::resolve(cli.file_config()?)?;
+    // setns applies to the calling thread: do it before any other thread
+    // (tokio workers) exists, so they all inherit the node namespace.
+    if let Some(ns) = &cfg.netns {
+        netns::enter(ns)?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(AgentError2::Runtime)?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => rt.block_on(serve(cfg))?,
+        Command::Load => rt.block_on(load(cfg))?,
+        Command::Unload => rt.block_on(unload(cfg))?,
+    }
+    Ok(())
+}
+
+async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
+    let (lock, dp) = agent::prepare(&cfg)?;
+    let socket = cfg.socket.clone();
+    let agent = Arc::new(Agent::start(cfg, lock, dp).await?);
+    let listener = agent::bind(&socket)?;
+    tracing::info!(socket = %socket.display(), "serving");
+
+    let reconciler = {
+        let agent = Arc::clone(&agent);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RECONCILE_INTERVAL);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = agent.reconcile().await {
+                    tracing::warn!(error = %e, "reconcile");
+                }
+            }
+        })
+    };
+    agent::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
+    reconciler.abort();
+    agent.quiesce().await;
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("stopped; the datapath stays attached through its pins");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+async fn load(cfg: AgentConfig) -> Result<(), AgentError> {
+    let (lock, dp) = agent::prepare(&cfg)?;
+    let pin_dir = cfg.pin_dir.clone();
+    let agent = Agent::start(cfg, lock, dp).await?;
+    drop(agent);
+    let layout = PinLayout::new(&pin_dir);
+    println!("pinned under {}:", pin_dir.display());
+    for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        for n in names {
+            println!("  {}", dir.join(n).display());
+        }
+    }
+    println!("attached:");
+    for l in datapath::links(&layout)? {
+        println!(
+            "  {} {} -> {} (program id {}, link id {})",
+            l.interface,
+            l.hook.as_str(),
+            l.program,
+            l.program_id,
+            l.link_id
+        );
+    }
+    Ok(())
+}
+
+async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
+    let layout = PinLayout::new(&cfg.pin_dir);
+    let _lock = if cfg.pin_dir.exists() {
+        Some(layout.lock()?)
+    } else {
+        None
+    };
+    let nl = rivet::netlink::Netlink::connect()?;
+    let records = cfg.state_dir.join("endpoints");
+    if records.exists() {
+        let store = rivet::store::RecordDir::open(&records)?;
+        let (eps, _) = store.load_all::<rivet_api::Endpoint>()?;
+        for (_, ep) in eps {
+            if let Some(link) = nl.link_by_name(&ep.host_ifname).await? {
+                nl.delete_link(link.index, &ep.host_ifname).await?;
+                println!("deleted {} ({} {})", ep.host_ifname, ep.container_id, ep.ip);
+            }
+        }
+    }
+    datapath::unload(&layout)?;
+    println!("removed {}", cfg.pin_dir.display());
+    if cfg.state_dir.exists() {
+        std::fs::remove_dir_all(&cfg.state_dir).map_err(|source| rivet::store::StoreError {
+            what: "removing",
+            path: cfg.state_dir.clone(),
+            source,
+        })?;
+        println!("removed {}", cfg.state_dir.display());
+    }
+    if cfg.socket.exists() && std::os::unix::net::UnixStream::connect(&cfg.socket).is_err() {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
+    Ok(())
+}

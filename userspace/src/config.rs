@@ -1,0 +1,372 @@
+//! Agent configuration: a TOML file, then command-line flags on top, then
+//! validation. Every error names the offending key and value.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+
+/// Default gateway address the pods route through. It exists nowhere: the
+/// datapath answers ARP for it.
+pub const DEFAULT_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Default bpffs mount point.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
+/// Default node pod CIDR in single-node mode.
+pub const DEFAULT_POD_CIDR: &str = "10.244.0.0/24";
+
+/// Configuration problems. Each names the key and the value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// File path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// File path.
+        path: PathBuf,
+        /// The parser's message (names the key).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid {key} {value:?}: {reason}")]
+    Invalid {
+        /// Key name, as in the file.
+        key: &'static str,
+        /// The rejected value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The TOML file. Every key is optional; see [`AgentConfig`] for defaults.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct FileConfig {
+    /// Node name; names the pin directory.
+    pub node_name: Option<String>,
+    /// Pod CIDR of this node.
+    pub pod_cidr: Option<String>,
+    /// Pods' gateway address.
+    pub gateway: Option<Ipv4Addr>,
+    /// Uplink interface (the node's own NIC in its namespace).
+    pub uplink: Option<String>,
+    /// Pod interface MTU (default: the uplink's MTU, else 1500).
+    pub mtu: Option<u32>,
+    /// Network namespace to run in (a name under /run/netns or a path).
+    pub netns: Option<String>,
+    /// bpffs mount point.
+    pub bpffs: Option<PathBuf>,
+    /// Pin directory (default `<bpffs>/rivet/<node_name>`).
+    pub pin_dir: Option<PathBuf>,
+    /// State directory (default `/var/lib/rivet/<node_name>`).
+    pub state_dir: Option<PathBuf>,
+    /// API socket (default /run/rivet/rivetd.sock).
+    pub socket: Option<PathBuf>,
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.message().to_owned())
+    }
+
+    /// Values set in `other` win.
+    pub fn merge(self, other: FileConfig) -> FileConfig {
+        FileConfig {
+            node_name: other.node_name.or(self.node_name),
+            pod_cidr: other.pod_cidr.or(self.pod_cidr),
+            gateway: other.gateway.or(self.gateway),
+            uplink: other.uplink.or(self.uplink),
+            mtu: other.mtu.or(self.mtu),
+            netns: other.netns.or(self.netns),
+            bpffs: other.bpffs.or(self.bpffs),
+            pin_dir: other.pin_dir.or(self.pin_dir),
+            state_dir: other.state_dir.or(self.state_dir),
+            socket: other.socket.or(self.socket),
+        }
+    }
+}
+
+/// Validated agent configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// Node name.
+    pub node_name: String,
+    /// Pod CIDR of this node.
+    pub pod_cidr: Ipv4Net,
+    /// Pods' gateway address.
+    pub gateway: Ipv4Addr,
+    /// Uplink interface, if any.
+    pub uplink: Option<String>,
+    /// Pod MTU if set explicitly.
+    pub mtu: Option<u32>,
+    /// Network namespace path to enter at start.
+    pub netns: Option<PathBuf>,
+    /// bpffs mount point.
+    pub bpffs: PathBuf,
+    /// Pin directory.
+    pub pin_dir: PathBuf,
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// API socket path.
+    pub socket: PathBuf,
+}
+
+fn invalid(key: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Interface names: 1..=15 bytes, no '/', ':' or whitespace, not "." or "..".
+pub fn validate_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err("interface names are 1 to 15 bytes".into());
+    }
+    if name == "." || name == ".." {
+        return Err("interface name cannot be '.' or '..'".into());
+    }
+    if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return Err("interface names cannot contain '/', ':' or whitespace".into());
+    }
+    Ok(())
+}
+
+fn absolute(key: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(invalid(key, path.display(), "must be an absolute path"))
+    }
+}
+
+impl AgentConfig {
+    /// Applies defaults and validates.
+    pub fn resolve(file: FileConfig) -> Result<Self, ConfigError> {
+        let node_name = match file.node_name {
+            Some(n) => n,
+            None => nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "node".to_owned()),
+        };
+        if node_name.is_empty()
+            || node_name.len() > 63
+            || !node_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            || node_name.starts_with('.')
+        {
+            return Err(invalid(
+                "node_name",
+                &node_name,
+                "use 1-63 characters from [A-Za-z0-9._-], not starting with '.'",
+            ));
+        }
+
+        let cidr_text = file.pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_owned());
+        let pod_cidr: Ipv4Net = cidr_text.parse().map_err(|_| {
+            invalid(
+                "pod_cidr",
+                &cidr_text,
+                "not an IPv4 CIDR like 10.244.1.0/24",
+            )
+        })?;
+        if pod_cidr.network() != pod_cidr.addr() {
+            return Err(invalid(
+                "pod_cidr",
+                &cidr_text,
+                format!("host bits set; did you mean {}?", pod_cidr.trunc()),
+            ));
+        }
+        if pod_cidr.prefix_len() > 30 || pod_cidr.prefix_len() < 8 {
+            return Err(invalid(
+                "pod_cidr",
+                &cidr_text,
+                "prefix length must be 8..=30",
+            ));
+        }
+
+        let gateway = file.gateway.unwrap_or(DEFAULT_GATEWAY);
+        if pod_cidr.contains(&gateway) {
+            return Err(invalid(
+                "gateway",
+                gateway,
+                format!("must be outside the pod CIDR {pod_cidr}"),
+            ));
+        }
+        if gateway.is_unspecified() || gateway.is_broadcast() || gateway.is_multicast() {
+            return Err(invalid("gateway", gateway, "must be a unicast address"));
+        }
+
+        if let Some(uplink) = &file.uplink {
+            validate_ifname(uplink).map_err(|r| invalid("uplink", uplink, r))?;
+        }
+        if let Some(mtu) = file.mtu
+            && !(576..=65_535).contains(&mtu)
+        {
+            return Err(invalid("mtu", mtu, "must be 576..=65535"));
+        }
+
+        let netns = match file.netns {
+            None => None,
+            Some(n) if n.is_empty() => return Err(invalid("netns", n, "empty")),
+            Some(n) if n.contains('/') => Some(absolute("netns", PathBuf::from(n))?),
+            Some(n) => Some(PathBuf::from("/run/netns").join(n)),
+        };
+
+        let bpffs = absolute(
+            "bpffs",
+            file.bpffs.unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS)),
+        )?;
+        let pin_dir = match file.pin_dir {
+            Some(p) => absolute("pin_dir", p)?,
+            None => bpffs.join("rivet").join(&node_name),
+        };
+        if !pin_dir.starts_with(&bpffs) || pin_dir == bpffs {
+            return Err(invalid(
+                "pin_dir",
+                pin_dir.display(),
+                format!("must be a directory below the bpffs {}", bpffs.display()),
+            ));
+        }
+        let state_dir = match file.state_dir {
+            Some(p) => absolute("state_dir", p)?,
+            None => PathBuf::from("/var/lib/rivet").join(&node_name),
+        };
+        let socket = absolute(
+            "socket",
+            file.socket
+                .unwrap_or_else(|| PathBuf::from(rivet_api::DEFAULT_SOCKET)),
+        )?;
+        // sun_path is 108 bytes including the terminating NUL.
+        if socket.as_os_str().len() > 107 {
+            return Err(invalid(
+                "socket",
+                socket.display(),
+                "unix socket paths are at most 107 bytes",
+            ));
+        }
+
+        Ok(Self {
+            node_name,
+            pod_cidr,
+            gateway,
+            uplink: file.uplink,
+            mtu: file.mtu,
+            netns,
+            bpffs,
+            pin_dir,
+            state_dir,
+            socket,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(toml: &str) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::resolve(
+            FileConfig::from_toml(toml).map_err(|message| ConfigError::Parse {
+                path: "test".into(),
+                message,
+            })?,
+        )
+    }
+
+    #[test]
+    fn defaults() {
+        let c = resolve("node_name = \"n1\"").expect("valid");
+        assert_eq!(c.pod_cidr.to_string(), DEFAULT_POD_CIDR);
+        assert_eq!(c.gateway, DEFAULT_GATEWAY);
+        assert_eq!(c.pin_dir, PathBuf::from("/sys/fs/bpf/rivet/n1"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/rivet/n1"));
+        assert_eq!(c.socket, PathBuf::from("/run/rivet/rivetd.sock"));
+        assert_eq!(c.netns, None);
+    }
+
+    #[test]
+    fn netns_name_or_path() {
+        let c = resolve("node_name = \"n1\"\nnetns = \"blue\"").expect("valid");
+        assert_eq!(c.netns, Some(PathBuf::from("/run/netns/blue")));
+        let c = resolve("node_name = \"n1\"\nnetns = \"/proc/1/ns/net\"").expect("valid");
+        assert_eq!(c.netns, Some(PathBuf::from("/proc/1/ns/net")));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        for (toml, key) in [
+            ("pod_cidr = \"10.244.1.1/24\"", "pod_cidr"),
+            ("pod_cidr = \"banana\"", "pod_cidr"),
+            ("pod_cidr = \"10.0.0.0/31\"", "pod_cidr"),
+            ("gateway = \"10.244.0.1\"", "gateway"),
+            ("mtu = 100", "mtu"),
+            ("uplink = \"a/b\"", "uplink"),
+            ("uplink = \"waytoolonginterfacename\"", "uplink"),
+            ("node_name = \"bad name\"", "node_name"),
+            ("pin_dir = \"/tmp/x\"", "pin_dir"),
+            ("socket = \"relative.sock\"", "socket"),
+        ] {
+            let err = resolve(toml).expect_err(toml).to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_types_are_parse_errors() {
+        let err = resolve("pod_cdir = \"10.0.0.0/24\"").expect_err("typo");
+        assert!(err.to_string().contains("pod_cdir"), "{err}");
+        let err = resolve("mtu = \"big\"").expect_err("type");
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let file = FileConfig::from_toml("node_name = \"a\"\nmtu = 1400").expect("valid");
+        let flags = FileConfig {
+            node_name: Some("b".into()),
+            ..Default::default()
+        };
+        let merged = file.merge(flags);
+        assert_eq!(merged.node_name.as_deref(), Some("b"));
+        assert_eq!(merged.mtu, Some(1400));
+    }
+
+    #[test]
+    fn ifnames() {
+        assert!(validate_ifname("eth0").is_ok());
+        assert!(validate_ifname("123456789012345").is_ok());
+        for bad in ["", ".", "..", "1234567890123456", "a b", "a:b", "a/b"] {
+            assert!(validate_ifname(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,538 @@
+//! The kernel side seen from userspace: loading the embedded object with its
+//! maps pinned, attaching programs through pinned TCX links, and typed access
+//! to every map.
+//!
+//! Restart semantics: maps are reopened from their pins (never recreated),
+//! programs are loaded afresh and swapped into the existing pinned links with
+//! `bpf_link_update` (atomic: there is no instant without a program).
+
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, MapError, MapType, PerCpuArray},
+    programs::{
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
+        links::{FdLink, LinkError, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+    },
+};
+use rivet_common::{
+    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, NodeConfig, StatsEntry, ipv4_from_key,
+    ipv4_key, map_names, program_names,
+};
+
+use crate::pins::{Hook, PinError, PinLayout, remove_file_if_exists};
+
+/// The eBPF object built by `build.rs` from `ebpf/`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rivet"));
+
+/// Datapath errors; each names the map, program, interface or pin involved.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// The binary was built without the eBPF toolchain.
+    #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP=1")]
+    EmptyObject,
+    /// The object could not be loaded.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A map operation failed.
+    #[error("map {name}: {source}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// Cause.
+        source: MapError,
+    },
+    /// A program operation failed.
+    #[error("program {name}: {source}")]
+    Program {
+        /// Program name.
+        name: String,
+        /// Cause.
+        source: ProgramError,
+    },
+    /// A pinned map does not have the layout this build expects.
+    #[error(
+        "pinned map {path} has an incompatible layout ({found}); this rivet expects {expected}. \
+         Refusing to reuse it: run `rivetd unload` (drops the node's datapath state) to start over"
+    )]
+    IncompatibleMap {
+        /// Pin path.
+        path: PathBuf,
+        /// What is pinned.
+        found: String,
+        /// What the object defines.
+        expected: String,
+    },
+    /// Attaching failed.
+    #[error("attaching {program} to {interface} ({hook}): {source}")]
+    Attach {
+        /// Program name.
+        program: String,
+        /// Interface.
+        interface: String,
+        /// Hook.
+        hook: &'static str,
+        /// Cause.
+        source: ProgramError,
+    },
+    /// A link pin could not be used.
+    #[error("link pin {path}: {source}")]
+    Link {
+        /// Pin path.
+        path: PathBuf,
+        /// Cause.
+        source: LinkError,
+    },
+    /// Pinning failed.
+    #[error("pinning {path}: {source}")]
+    PinObject {
+        /// Pin path.
+        path: PathBuf,
+        /// Cause.
+        source: aya::pin::PinError,
+    },
+    /// Pin directory problem.
+    #[error(transparent)]
+    Pins(#[from] PinError),
+}
+
+/// What the object defines for each pinned map: (name, type, key size, value size).
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 4] = [
+    (
+        map_names::ENDPOINTS,
+        MapType::Hash,
+        size_of::<EndpointKey>(),
+        size_of::<EndpointInfo>(),
+    ),
+    (
+        map_names::LOCAL_ADDRS,
+        MapType::Hash,
+        size_of::<EndpointKey>(),
+        size_of::<u32>(),
+    ),
+    (
+        map_names::CONFIG,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<NodeConfig>(),
+    ),
+    (
+        map_names::STATS,
+        MapType::PerCpuArray,
+        size_of::<u32>(),
+        size_of::<StatsEntry>(),
+    ),
+];
+
+/// Every program of the object and where it attaches.
+pub const PROGRAMS: [&str; 2] = [program_names::FROM_POD, program_names::FROM_UPLINK];
+
+/// A program attached through a pinned link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkState {
+    /// Interface name.
+    pub interface: String,
+    /// Hook.
+    pub hook: Hook,
+    /// Kernel link ID.
+    pub link_id: u32,
+    /// Kernel ID of the program the link runs.
+    pub program_id: u32,
+    /// Name of that program.
+    pub program: String,
+    /// Pin path.
+    pub pin: PathBuf,
+}
+
+/// The loaded datapath of one node.
+pub struct Datapath {
+    ebpf: Ebpf,
+    layout: PinLayout,
+}
+
+fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
+    move |source| DatapathError::Map { name, source }
+}
+
+fn prog_err(name: &str) -> impl FnOnce(ProgramError) -> DatapathError + '_ {
+    move |source| DatapathError::Program {
+        name: name.to_owned(),
+        source,
+    }
+}
+
+const fn tc_attach_type(hook: Hook) -> TcAttachType {
+    match hook {
+        Hook::Ingress => TcAttachType::Ingress,
+        Hook::Egress => TcAttachType::Egress,
+    }
+}
+
+/// Refuses pinned maps whose type or sizes differ from this build's.
+fn check_pinned_maps(layout: &PinLayout) -> Result<(), DatapathError> {
+    for (name, map_type, key, value) in MAP_LAYOUTS {
+        let path = layout.map(name);
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&path).map_err(map_err(name))?;
+        let info = data.info().map_err(map_err(name))?;
+        let found_type = info.map_type().map_err(map_err(name))?;
+        let found = (
+            found_type,
+            info.key_size() as usize,
+            info.value_size() as usize,
+        );
+        if found != (map_type, key, value) {
+            return Err(DatapathError::IncompatibleMap {
+                path,
+                found: format!("{:?}, key {} B, value {} B", found.0, found.1, found.2),
+                expected: format!("{map_type:?}, key {key} B, value {value} B"),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Datapath {
+    /// Loads the object with every map pinned under `layout` (reusing pins
+    /// that exist), loads and pins every program.
+    pub fn load(layout: &PinLayout) -> Result<Self, DatapathError> {
+        if OBJECT.is_empty() {
+            return Err(DatapathError::EmptyObject);
+        }
+        layout.create()?;
+        check_pinned_maps(layout)?;
+
+        let btf = Btf::from_sys_fs().ok();
+        let mut loader = EbpfLoader::new();
+        loader.btf(btf.as_ref());
+        for name in map_names::ALL {
+            loader.map_pin_path(name, layout.map(name));
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+
+        for name in PROGRAMS {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| prog_err(name)(ProgramError::UnexpectedProgramType))?
+                .try_into()
+                .map_err(prog_err(name))?;
+            prog.load().map_err(prog_err(name))?;
+            let pin = layout.prog(name);
+            remove_file_if_exists(&pin)?;
+            prog.pin(&pin)
+                .map_err(|source| DatapathError::PinObject { path: pin, source })?;
+        }
+        Ok(Self {
+            ebpf,
+            layout: layout.clone(),
+        })
+    }
+
+    /// The pin layout.
+    pub fn layout(&self) -> &PinLayout {
+        &self.layout
+    }
+
+    fn program_mut(&mut self, name: &str) -> Result<&mut SchedClassifier, DatapathError> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or_else(|| prog_err(name)(ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(prog_err(name))
+    }
+
+    /// Attaches `program` to `ifname` at `hook` through a pinned TCX link.
+    /// If the link pin exists, the program inside it is replaced atomically
+    /// (`bpf_link_update`); otherwise a new link is created and pinned.
+    pub fn attach(
+        &mut self,
+        program: &str,
+        ifname: &str,
+        hook: Hook,
+    ) -> Result<LinkState, DatapathError> {
+        let pin = self.layout.link(ifname, hook);
+        let attach_err = |source| DatapathError::Attach {
+            program: program.to_owned(),
+            interface: ifname.to_owned(),
+            hook: hook.as_str(),
+            source,
+        };
+        let prog = self.program_mut(program)?;
+
+        let existing = match PinnedLink::from_pin(&pin) {
+            Ok(old) => {
+                let link: SchedClassifierLink =
+                    FdLink::from(old)
+                        .try_into()
+                        .map_err(|source| DatapathError::Link {
+                            path: pin.clone(),
+                            source,
+                        })?;
+                match prog.attach_to_link(link) {
+                    Ok(id) => Some(id),
+                    Err(e) => {
+                        // A link whose device is gone cannot be updated: drop
+                        // the stale pin and attach afresh below.
+                        tracing::warn!(pin = %pin.display(), error = %e, "stale link pin, re-attaching");
+                        remove_file_if_exists(&pin)?;
+                        None
+                    }
+                }
+            }
+            Err(_) if !pin.exists() => None,
+            Err(source) => return Err(DatapathError::Link { path: pin, source }),
+        };
+        let (link_id, pinned) = match existing {
+            Some(id) => (id, true),
+            None => (
+                prog.attach_with_options(
+                    ifname,
+                    tc_attach_type(hook),
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(attach_err)?,
+                false,
+            ),
+        };
+        let link = prog.take_link(link_id).map_err(attach_err)?;
+        let fd_link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
+            path: pin.clone(),
+            source,
+        })?;
+        let info = fd_link.info().map_err(|source| DatapathError::Link {
+            path: pin.clone(),
+            source,
+        })?;
+        if !pinned {
+            // Dropping the returned PinnedLink only closes our fd; the pin
+            // keeps the link (and thus the attachment) alive.
+            fd_link
+                .pin(&pin)
+                .map_err(|source| DatapathError::PinObject {
+                    path: pin.clone(),
+                    source,
+                })?;
+        }
+        Ok(LinkState {
+            interface: ifname.to_owned(),
+            hook,
+            link_id: info.id(),
+            program_id: info.program_id(),
+            program: program.to_owned(),
+            pin,
+        })
+    }
+
+    /// Detaches whatever is pinned for `ifname` at `hook`. Returns whether a
+    /// link pin existed.
+    pub fn detach(&self, ifname: &str, hook: Hook) -> Result<bool, DatapathError> {
+        Ok(remove_file_if_exists(&self.layout.link(ifname, hook))?)
+    }
+
+    fn endpoints_mut(
+        &mut self,
+    ) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>, DatapathError> {
+        let name = map_names::ENDPOINTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    fn endpoints(&self) -> Result<HashMap<&MapData, EndpointKey, EndpointInfo>, DatapathError> {
+        let name = map_names::ENDPOINTS;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// Inserts or replaces the endpoint for `ip`.
+    pub fn put_endpoint(&mut self, ip: Ipv4Addr, info: EndpointInfo) -> Result<(), DatapathError> {
+        let key = EndpointKey {
+            addr: ipv4_key(ip.octets()),
+        };
+        self.endpoints_mut()?
+            .insert(key, info, 0)
+            .map_err(map_err(map_names::ENDPOINTS))
+    }
+
+    /// Removes the endpoint for `ip`; false if there was none.
+    pub fn remove_endpoint(&mut self, ip: Ipv4Addr) -> Result<bool, DatapathError> {
+        let key = EndpointKey {
+            addr: ipv4_key(ip.octets()),
+        };
+        match self.endpoints_mut()?.remove(&key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(map_err(map_names::ENDPOINTS)(e)),
+        }
+    }
+
+    /// The endpoint for `ip`, if any.
+    pub fn endpoint(&self, ip: Ipv4Addr) -> Result<Option<EndpointInfo>, DatapathError> {
+        let key = EndpointKey {
+            addr: ipv4_key(ip.octets()),
+        };
+        match self.endpoints()?.get(&key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(map_names::ENDPOINTS)(e)),
+        }
+    }
+
+    /// Every endpoint in the map.
+    pub fn list_endpoints(&self) -> Result<Vec<(Ipv4Addr, EndpointInfo)>, DatapathError> {
+        let map = self.endpoints()?;
+        let mut out = Vec::new();
+        for item in map.iter() {
+            let (k, v) = item.map_err(map_err(map_names::ENDPOINTS))?;
+            out.push((Ipv4Addr::from(ipv4_from_key(k.addr)), v));
+        }
+        out.sort_by_key(|(ip, _)| *ip);
+        Ok(out)
+    }
+
+    /// Writes the node configuration.
+    pub fn write_config(&mut self, config: NodeConfig) -> Result<(), DatapathError> {
+        let name = map_names::CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut array: Array<&mut MapData, NodeConfig> =
+            Array::try_from(map).map_err(map_err(name))?;
+        array.set(0, config, 0).map_err(map_err(name))
+    }
+
+    /// Replaces the set of node-local addresses.
+    pub fn set_local_addrs(&mut self, addrs: &[Ipv4Addr]) -> Result<(), DatapathError> {
+        let name = map_names::LOCAL_ADDRS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut hash: HashMap<&mut MapData, EndpointKey, u32> =
+            HashMap::try_from(map).map_err(map_err(name))?;
+        let wanted: Vec<EndpointKey> = addrs
+            .iter()
+            .map(|a| EndpointKey {
+                addr: ipv4_key(a.octets()),
+            })
+            .collect();
+        let present: Vec<EndpointKey> = hash.keys().filter_map(Result::ok).collect();
+        for key in present.iter().filter(|k| !wanted.contains(k)) {
+            match hash.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(name)(e)),
+            }
+        }
+        for key in wanted.iter().filter(|k| !present.contains(k)) {
+            hash.insert(key, 1, 0).map_err(map_err(name))?;
+        }
+        Ok(())
+    }
+
+    /// Every counter summed over CPUs, in index order.
+    pub fn counters(&self) -> Result<Vec<(Counter, StatsEntry)>, DatapathError> {
+        read_counters(&self.ebpf)
+    }
+
+    /// The programs attached through pins of this node.
+    pub fn links(&self) -> Result<Vec<LinkState>, DatapathError> {
+        links(&self.layout)
+    }
+}
+
+fn read_counters(ebpf: &Ebpf) -> Result<Vec<(Counter, StatsEntry)>, DatapathError> {
+    let name = map_names::STATS;
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+    sum_counters(&PerCpuArray::try_from(map).map_err(map_err(name))?)
+}
+
+/// Sums every counter over CPUs, in index order.
+fn sum_counters<T: std::borrow::Borrow<MapData>>(
+    stats: &PerCpuArray<T, StatsEntry>,
+) -> Result<Vec<(Counter, StatsEntry)>, DatapathError> {
+    let mut out = Vec::with_capacity(Counter::ALL.len());
+    for counter in Counter::ALL {
+        debug_assert!(counter.index() < COUNTERS_MAX);
+        let per_cpu = stats
+            .get(&counter.index(), 0)
+            .map_err(map_err(map_names::STATS))?;
+        let sum = per_cpu
+            .iter()
+            .fold(StatsEntry::default(), |acc, v| StatsEntry {
+                packets: acc.packets + v.packets,
+                bytes: acc.bytes + v.bytes,
+            });
+        out.push((counter, sum));
+    }
+    Ok(out)
+}
+
+/// Lists the links pinned under `layout`, with their kernel IDs.
+pub fn links(layout: &PinLayout) -> Result<Vec<LinkState>, DatapathError> {
+    let mut out = Vec::new();
+    for name in layout.link_pins()? {
+        let Some((interface, hook)) = PinLayout::parse_link_name(&name) else {
+            continue;
+        };
+        let pin = layout.links_dir().join(&name);
+        let link = PinnedLink::from_pin(&pin).map_err(|source| DatapathError::Link {
+            path: pin.clone(),
+            source,
+        })?;
+        let fd_link = FdLink::from(link);
+        let info = fd_link.info().map_err(|source| DatapathError::Link {
+            path: pin.clone(),
+            source,
+        })?;
+        let program = PROGRAMS
+            .iter()
+            .find(|name| {
+                aya::programs::ProgramInfo::from_pin(layout.prog(name))
+                    .is_ok_and(|p| p.id() == info.program_id())
+            })
+            .map_or_else(
+                || "(not rivet's current program)".to_owned(),
+                |n| (*n).to_owned(),
+            );
+        out.push(LinkState {
+            interface,
+            hook,
+            link_id: info.id(),
+            program_id: info.program_id(),
+            program,
+            pin,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads the counters of a node from its pinned stats map, without loading
+/// anything (used by tests and tools that run beside the agent).
+pub fn pinned_counters(layout: &PinLayout) -> Result<Vec<(Counter, StatsEntry)>, DatapathError> {
+    let name = map_names::STATS;
+    let data = MapData::from_pin(layout.map(name)).map_err(map_err(name))?;
+    let stats = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(map_err(name))?;
+    sum_counters(&stats)
+}
+
+/// Removes every pin of the node: links first (programs detach), then
+/// programs and maps.
+pub fn unload(layout: &PinLayout) -> Result<(), DatapathError> {
+    for name in layout.link_pins()? {
+        remove_file_if_exists(&layout.links_dir().join(name))?;
+    }
+    layout.remove_all()?;
+    Ok(())
+}

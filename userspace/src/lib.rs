@@ -1,0 +1,22 @@
+//! rivet's userspace: the node agent (`rivetd`), the operator CLI
+//! (`rivetctl`) and what they share.
+//!
+//! | module | role |
+//! |---|---|
+//! | [`config`] | TOML + flags → validated [`config::AgentConfig`] |
+//! | [`pins`] | bpffs, the per-node pin directory and its lock |
+//! | [`datapath`] | the embedded eBPF object: load, pin, attach, typed maps |
+//! | [`netns`] | running work inside another network namespace |
+//! | [`netlink`] | links, addresses, routes, neighbours |
+//! | [`endpoint`] | plumbing pods in and out, with rollback |
+//! | [`store`] | crash-safe records |
+//! | [`agent`] | the agent: start-up, API server, reconciliation |
+
+pub mod agent;
+pub mod config;
+pub mod datapath;
+pub mod endpoint;
+pub mod netlink;
+pub mod netns;
+pub mod pins;
+pub mod store;

@@ -1,0 +1,320 @@
+//! rtnetlink operations, each with context in its error. A [`Netlink`] is
+//! bound to the namespace of the thread that created its socket.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    os::fd::AsRawFd as _,
+};
+
+use futures_util::TryStreamExt as _;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    packet_route::{
+        address::AddressAttribute,
+        link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
+        route::RouteScope,
+    },
+};
+
+/// A netlink failure, naming the operation and object.
+#[derive(Debug, thiserror::Error)]
+#[error("{op}: {source}")]
+pub struct NetlinkError {
+    /// What was being done ("creating veth rv1234 / eth0").
+    pub op: String,
+    /// Cause.
+    #[source]
+    pub source: rtnetlink::Error,
+}
+
+impl NetlinkError {
+    /// The errno carried by a kernel error reply, if any (positive).
+    pub fn errno(&self) -> Option<i32> {
+        match &self.source {
+            rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
+            _ => None,
+        }
+    }
+
+    /// True for EEXIST.
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc::EEXIST)
+    }
+}
+
+/// Failure to open a netlink socket.
+#[derive(Debug, thiserror::Error)]
+#[error("opening a netlink socket: {0}")]
+pub struct ConnectError(#[from] std::io::Error);
+
+/// Facts about a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// ifindex.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MAC address (zeros if none).
+    pub mac: [u8; 6],
+    /// MTU.
+    pub mtu: u32,
+    /// Link kind ("veth", "bridge", ...), if any.
+    pub kind: Option<String>,
+}
+
+/// A netlink route socket and its handle.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+fn ctx(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
+    let op = op.into();
+    move |source| NetlinkError { op, source }
+}
+
+fn link_info(msg: &LinkMessage) -> LinkInfo {
+    let mut info = LinkInfo {
+        index: msg.header.index,
+        name: String::new(),
+        mac: [0; 6],
+        mtu: 0,
+        kind: None,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => info.name.clone_from(n),
+            LinkAttribute::Address(a) if a.len() == 6 => info.mac.copy_from_slice(a),
+            LinkAttribute::Mtu(m) => info.mtu = *m,
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let rtnetlink::packet_route::link::LinkInfo::Kind(k) = i {
+                        info.kind = Some(k.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+impl Netlink {
+    /// Opens a socket in the calling thread's namespace; the connection task
+    /// runs on the current tokio runtime.
+    pub fn connect() -> Result<Self, ConnectError> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// The link called `name`, if it exists.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkInfo>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(Some(link_info(&msg))),
+            Ok(None) => Ok(None),
+            Err(rtnetlink::Error::NetlinkError(m)) if -m.raw_code() == libc::ENODEV => Ok(None),
+            Err(e) => Err(ctx(format!("looking up link {name}"))(e)),
+        }
+    }
+
+    /// Every link.
+    pub async fn links(&self) -> Result<Vec<LinkInfo>, NetlinkError> {
+        let msgs: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(ctx("listing links"))?;
+        Ok(msgs.iter().map(link_info).collect())
+    }
+
+    /// Creates a veth pair: `host` here and `peer` directly inside the
+    /// namespace `peer_netns` (never moved, so `peer` cannot clash with a
+    /// host name). Both ends get `mtu`.
+    pub async fn create_veth(
+        &self,
+        host: &str,
+        peer: &str,
+        peer_netns: &std::fs::File,
+        mtu: u32,
+    ) -> Result<(), NetlinkError> {
+        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(peer.to_owned())
+            .setns_by_fd(peer_netns.as_raw_fd())
+            .mtu(mtu)
+            .build();
+        let msg = LinkVeth::new(host, peer)
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+            .mtu(mtu)
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(ctx(format!("creating veth {host} (peer {peer})")))
+    }
+
+    /// Sets a link up.
+    pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(ctx(format!("setting {name} up")))
+    }
+
+    /// Deletes a link (and, for a veth, its peer).
+    pub async fn delete_link(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(ctx(format!("deleting link {name}")))
+    }
+
+    /// Adds `addr/prefix` to a link.
+    pub async fn add_address(
+        &self,
+        index: u32,
+        name: &str,
+        addr: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .address()
+            .add(index, IpAddr::V4(addr), prefix)
+            .execute()
+            .await
+            .map_err(ctx(format!("adding {addr}/{prefix} to {name}")))
+    }
+
+    /// Every IPv4 address of the namespace, with the ifindex holding it.
+    pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Addr)>, NetlinkError> {
+        let msgs: Vec<_> = self
+            .handle
+            .address()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(ctx("listing addresses"))?;
+        let mut out: Vec<(u32, Ipv4Addr)> = msgs
+            .iter()
+            .flat_map(|m| {
+                m.attributes.iter().filter_map(|a| match a {
+                    AddressAttribute::Local(IpAddr::V4(ip))
+                    | AddressAttribute::Address(IpAddr::V4(ip)) => Some((m.header.index, *ip)),
+                    _ => None,
+                })
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// `ip route add <dst>/<len> dev <index> scope link`.
+    pub async fn add_link_route(
+        &self,
+        dst: Ipv4Addr,
+        prefix: u8,
+        index: u32,
+        name: &str,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst, prefix)
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(ctx(format!("adding route {dst}/{prefix} dev {name}")))
+    }
+
+    /// `ip route add default via <gw> dev <index>`.
+    pub async fn add_default_route(
+        &self,
+        gateway: Ipv4Addr,
+        index: u32,
+        name: &str,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .gateway(gateway)
+            .output_interface(index)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(ctx(format!(
+                "adding default route via {gateway} dev {name}"
+            )))
+    }
+
+    /// Permanent neighbour entry `ip lladdr mac dev index`.
+    pub async fn add_permanent_neighbour(
+        &self,
+        index: u32,
+        name: &str,
+        ip: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(ip))
+            .link_layer_address(&mac)
+            .replace()
+            .execute()
+            .await
+            .map_err(ctx(format!("adding neighbour {ip} on {name}")))
+    }
+}
+
+/// Formats a MAC as `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_round_trip() {
+        let mac = [0x02, 0xab, 0, 1, 0x10, 0xff];
+        assert_eq!(format_mac(&mac), "02:ab:00:01:10:ff");
+        assert_eq!(parse_mac("02:ab:00:01:10:ff"), Some(mac));
+        assert_eq!(parse_mac("02:ab:00:01:10"), None);
+        assert_eq!(parse_mac("02:ab:00:01:10:ff:00"), None);
+        assert_eq!(parse_mac("zz:ab:00:01:10:ff"), None);
+    }
+}

@@ -1,0 +1,188 @@
+//! Crash-safe persistence of the agent's records: one JSON file per record,
+//! written to a temporary file, fsync'ed, renamed over the old one and the
+//! directory fsync'ed. A reader sees the old record or the new one, never a
+//! torn one. Files that do not parse are reported and skipped (the kernel
+//! state and live interfaces are the ground truth the agent reconciles to).
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use serde::{Serialize, de::DeserializeOwned};
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {path}: {source}")]
+pub struct StoreError {
+    /// What was being done.
+    pub what: &'static str,
+    /// Path.
+    pub path: PathBuf,
+    /// Cause.
+    #[source]
+    pub source: io::Error,
+}
+
+fn err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Creates `dir` (and parents) with mode 0700.
+pub fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err("creating", dir))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(err("chmod", dir))
+}
+
+/// Writes `bytes` to `path` atomically (temp + fsync + rename + dir fsync), mode 0600.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err("creating", &tmp))?;
+        f.write_all(bytes).map_err(err("writing", &tmp))?;
+        f.sync_all().map_err(err("syncing", &tmp))?;
+    }
+    fs::rename(&tmp, path).map_err(err("renaming into place", path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err("syncing directory", dir))
+}
+
+/// A directory of JSON records, one file per key.
+#[derive(Debug, Clone)]
+pub struct RecordDir {
+    dir: PathBuf,
+}
+
+impl RecordDir {
+    /// Opens (creating, 0700) the directory.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let dir = dir.into();
+        create_private_dir(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.json"))
+    }
+
+    /// Writes the record `key`.
+    pub fn save<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
+        let path = self.path(key);
+        let bytes = serde_json::to_vec_pretty(value)
+            .map_err(|e| err("serializing", &path)(io::Error::other(e)))?;
+        write_atomic(&path, &bytes)
+    }
+
+    /// Removes the record `key`; false if it did not exist.
+    pub fn remove(&self, key: &str) -> Result<bool, StoreError> {
+        let path = self.path(key);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(err("removing", &path)(e)),
+        }
+    }
+
+    /// Every record that parses, with its key; unreadable or corrupt files
+    /// are returned separately by path (and left in place for inspection).
+    pub fn load_all<T: DeserializeOwned>(
+        &self,
+    ) -> Result<(Vec<(String, T)>, Vec<PathBuf>), StoreError> {
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(err("listing", &self.dir))? {
+            let entry = entry.map_err(err("listing", &self.dir))?;
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                // A temporary file from an interrupted write: the rename never
+                // happened, so the old record (if any) is still in place.
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            let Some(key) = name.strip_suffix(".json") else {
+                continue;
+            };
+            match fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(v) => good.push((key.to_owned(), v)),
+                Err(_) => bad.push(path),
+            }
+        }
+        good.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((good, bad))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rivet-store-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn save_load_remove() {
+        let d = tmpdir("slr");
+        let store = RecordDir::open(&d).expect("open");
+        store.save("a", &vec![1, 2, 3]).expect("save");
+        store.save("b", &vec![4]).expect("save");
+        store.save("a", &vec![9]).expect("overwrite");
+        let (good, bad) = store.load_all::<Vec<u32>>().expect("load");
+        assert_eq!(good, vec![("a".into(), vec![9]), ("b".into(), vec![4])]);
+        assert!(bad.is_empty());
+        assert!(store.remove("a").expect("remove"));
+        assert!(!store.remove("a").expect("remove twice"));
+        let mode = fs::metadata(d.join("b.json"))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let dmode = fs::metadata(&d).expect("meta").permissions().mode();
+        assert_eq!(dmode & 0o777, 0o700);
+        fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn corrupt_and_truncated_files_are_reported() {
+        let d = tmpdir("bad");
+        let store = RecordDir::open(&d).expect("open");
+        store.save("ok", &vec![1]).expect("save");
+        fs::write(d.join("torn.json"), b"[1, 2").expect("write");
+        fs::write(d.join(".ok.json.tmp"), b"[7]").expect("write");
+        let (good, bad) = store.load_all::<Vec<u32>>().expect("load");
+        assert_eq!(good, vec![("ok".into(), vec![1])]);
+        assert_eq!(bad, vec![d.join("torn.json")]);
+        assert!(!d.join(".ok.json.tmp").exists());
+        fs::remove_dir_all(&d).expect("cleanup");
+    }
+}
