@@ -1,1 +1,259 @@
-fn main() {}
+//! `cargo xtask`: the project's one entry point for setup, build, test,
+//! load/unload, demo and bench. Every command runs `setup` first (idempotent,
+//! seconds when everything is present).
+//!
+//! xtask depends on nothing of the project itself, so it builds on a fresh
+//! machine before the eBPF toolchain exists.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod setup;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "rivet's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the project needs (apt packages, nightly rust-src,
+    /// bpf-linker, bpffs). Idempotent.
+    Setup,
+    /// Build the eBPF object, the agent, the CLI and the CNI plugin (release).
+    Build,
+    /// fmt check, clippy -D warnings (host and BPF), unit tests, BPF program
+    /// tests and network-namespace integration tests.
+    Test {
+        /// Only run tests whose name contains this string.
+        filter: Option<String>,
+        /// Skip fmt and clippy.
+        #[arg(long)]
+        no_lint: bool,
+    },
+    /// Attach the datapath inside a network namespace and print what is
+    /// attached and pinned (developer tool; the datapath stays loaded).
+    Load {
+        /// Network namespace name (under /run/netns).
+        #[arg(long)]
+        netns: String,
+        /// Uplink interface inside that namespace.
+        #[arg(long)]
+        uplink: Option<String>,
+        /// Node name (pin directory); defaults to the namespace name.
+        #[arg(long)]
+        node_name: Option<String>,
+    },
+    /// Remove everything `load` (or an agent) made in the namespace.
+    Unload {
+        /// Network namespace name (under /run/netns).
+        #[arg(long)]
+        netns: String,
+        /// Node name (pin directory); defaults to the namespace name.
+        #[arg(long)]
+        node_name: Option<String>,
+    },
+    /// Build, then run the demo: a node with three pods, ping, iperf3,
+    /// endpoints and counters, then clean up.
+    Demo {
+        /// Leave the namespaces and the agent running for poking.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Benchmarks (see BENCHMARKS.md).
+    Bench {
+        /// Arguments for the bench runner (e.g. `same-node --pairs 5`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let started = Instant::now();
+    let result = run(cli.command);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "xtask: error after {:.0}s: {e:#}",
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (xtask lives in `<root>/xtask`).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command in the workspace root, echoing it; fails on non-zero exit.
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    cmd.current_dir(root());
+    eprintln!("\n==> {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program().to_string_lossy().into_owned())
+        .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(cmd: Cmd) -> Result<()> {
+    setup::run()?;
+    match cmd {
+        Cmd::Setup => Ok(()),
+        Cmd::Build => build(),
+        Cmd::Test { filter, no_lint } => test(filter.as_deref(), no_lint),
+        Cmd::Load {
+            netns,
+            uplink,
+            node_name,
+        } => {
+            build()?;
+            let mut cmd = Command::new(root().join("target/release/rivetd"));
+            cmd.arg("--netns")
+                .arg(&netns)
+                .arg("--node-name")
+                .arg(node_name.as_deref().unwrap_or(&netns))
+                .arg("--state-dir")
+                .arg(format!(
+                    "/var/lib/rivet/{}",
+                    node_name.as_deref().unwrap_or(&netns)
+                ))
+                .arg("--socket")
+                .arg(format!(
+                    "/run/rivet/{}.sock",
+                    node_name.as_deref().unwrap_or(&netns)
+                ));
+            if let Some(u) = uplink {
+                cmd.arg("--uplink").arg(u);
+            }
+            run_cmd(cmd.arg("load"))
+        }
+        Cmd::Unload { netns, node_name } => {
+            build()?;
+            let node = node_name.as_deref().unwrap_or(&netns);
+            run_cmd(
+                Command::new(root().join("target/release/rivetd"))
+                    .arg("--netns")
+                    .arg(&netns)
+                    .arg("--node-name")
+                    .arg(node)
+                    .arg("--state-dir")
+                    .arg(format!("/var/lib/rivet/{node}"))
+                    .arg("--socket")
+                    .arg(format!("/run/rivet/{node}.sock"))
+                    .arg("unload"),
+            )
+        }
+        Cmd::Demo { keep } => {
+            build()?;
+            let mut cmd = cargo();
+            cmd.args([
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "rivet-tests",
+                "--bin",
+                "rivet-demo",
+                "--",
+            ]);
+            if keep {
+                cmd.arg("--keep");
+            }
+            run_cmd(&mut cmd)
+        }
+        Cmd::Bench { args } => {
+            build()?;
+            run_cmd(
+                cargo()
+                    .args([
+                        "run",
+                        "--release",
+                        "--quiet",
+                        "-p",
+                        "rivet-tests",
+                        "--bin",
+                        "rivet-bench",
+                        "--",
+                    ])
+                    .args(args),
+            )
+        }
+    }
+}
+
+fn build() -> Result<()> {
+    run_cmd(cargo().args(["build", "--release", "-p", "rivet", "-p", "rivet-cni"]))
+}
+
+fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
+    if !no_lint {
+        run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run_cmd(cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "rivet-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+        // The eBPF crate only builds for the BPF target, with nightly.
+        run_cmd(
+            Command::new("rustup")
+                .args(["run", "nightly", "cargo", "clippy", "-p", "rivet-ebpf"])
+                .args([
+                    "--release",
+                    "--target",
+                    "bpfel-unknown-none",
+                    "-Z",
+                    "build-std=core",
+                ])
+                .args(["--target-dir", "target/ebpf-clippy", "--", "-D", "warnings"]),
+        )?;
+    }
+    // Binaries the integration tests drive (rivetd, rivetctl, rivet-cni).
+    run_cmd(cargo().args(["build", "-p", "rivet", "-p", "rivet-cni"]))?;
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "rivet-ebpf",
+        "--no-fail-fast",
+    ]);
+    cmd.args(["--", "--test-threads=2"]);
+    if let Some(f) = filter {
+        cmd.arg(f);
+    }
+    run_cmd(&mut cmd)
+}

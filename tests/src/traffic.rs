@@ -1,0 +1,239 @@
+//! Real traffic between namespaces: ping, TCP transfers, iperf3.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::netns::Netns;
+
+/// What ping reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingResult {
+    /// Echo requests sent.
+    pub sent: u32,
+    /// Replies received.
+    pub received: u32,
+    /// Average RTT in ms, if any reply came.
+    pub avg_ms: Option<f64>,
+}
+
+/// `ping -c count -i interval dst` from inside `ns`.
+pub fn ping(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult {
+    let out = ns.output(
+        "ping",
+        &[
+            "-n",
+            "-q",
+            "-c",
+            &count.to_string(),
+            "-i",
+            &interval.to_string(),
+            "-W",
+            "1",
+            &dst.to_string(),
+        ],
+    );
+    parse_ping(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses ping's summary lines.
+pub fn parse_ping(text: &str) -> PingResult {
+    let mut r = PingResult {
+        sent: 0,
+        received: 0,
+        avg_ms: None,
+    };
+    for line in text.lines() {
+        if line.contains("packets transmitted") {
+            let nums: Vec<u32> = line
+                .split(',')
+                .filter_map(|part| part.split_whitespace().next()?.parse().ok())
+                .collect();
+            if nums.len() >= 2 {
+                r.sent = nums[0];
+                r.received = nums[1];
+            }
+        }
+        if let Some(stats) = line.split(" = ").nth(1)
+            && line.starts_with("rtt")
+        {
+            r.avg_ms = stats.split('/').nth(1).and_then(|v| v.parse().ok());
+        }
+    }
+    r
+}
+
+/// Asserts that `count` pings from `ns` to `dst` all come back.
+pub fn assert_ping(ns: &Netns, dst: Ipv4Addr, count: u32) {
+    let r = ping(ns, dst, count, 0.05);
+    assert_eq!(
+        (r.sent, r.received),
+        (count, count),
+        "ping {dst} from {}: {r:?}",
+        ns.name()
+    );
+}
+
+/// A TCP listener bound inside `ns` (the socket stays in that namespace).
+pub fn listen(ns: &Netns, port: u16) -> TcpListener {
+    ns.exec(move || TcpListener::bind(("0.0.0.0", port)))
+        .unwrap_or_else(|e| panic!("binding :{port} in {}: {e}", ns.name()))
+}
+
+/// Connects from inside `ns` (the socket stays in that namespace).
+pub fn connect(ns: &Netns, dst: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    ns.exec(move || TcpStream::connect_timeout(&dst, timeout))
+}
+
+/// Sends `bytes` from `client` to a server in `server` at `dst:port`; the
+/// server counts them and answers with the count. Returns the count the
+/// server saw (must equal `bytes`).
+pub fn tcp_transfer(client: &Netns, server: &Netns, dst: Ipv4Addr, port: u16, bytes: usize) -> u64 {
+    let listener = listen(server, port);
+    let handle = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut s, _) = listener.accept()?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        s.write_all(&total.to_be_bytes())?;
+        Ok(total)
+    });
+    let mut stream = connect(
+        client,
+        SocketAddr::from((dst, port)),
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|e| panic!("connect {dst}:{port} from {}: {e}", client.name()));
+    stream
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let chunk = vec![0x5au8; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        stream.write_all(&chunk[..n]).expect("write");
+        left -= n;
+    }
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
+    let mut answer = [0u8; 8];
+    stream.read_exact(&mut answer).expect("server's count");
+    let seen = handle
+        .join()
+        .expect("server thread")
+        .expect("server side of the transfer");
+    assert_eq!(u64::from_be_bytes(answer), seen);
+    seen
+}
+
+/// A child process killed on drop.
+#[derive(Debug)]
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// iperf3 result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IperfResult {
+    /// Receiver-side throughput, bits/s.
+    pub bits_per_second: f64,
+    /// Retransmits reported by the sender.
+    pub retransmits: u64,
+}
+
+/// Starts an iperf3 server in `ns` on `port` (one test, then it exits).
+pub fn iperf3_server(ns: &Netns, port: u16, cpu: Option<usize>) -> ChildGuard {
+    let mut cmd = ns.command("iperf3");
+    cmd.args(["-s", "-1", "-p", &port.to_string()]);
+    if let Some(c) = cpu {
+        cmd.args(["-A", &c.to_string()]);
+    }
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting iperf3 -s in {}: {e}", ns.name()));
+    ChildGuard(child)
+}
+
+/// Runs an iperf3 client from `ns` to `dst:port` for `secs` seconds with
+/// `streams` parallel streams; retries while the server is starting.
+pub fn iperf3_client(
+    ns: &Netns,
+    dst: Ipv4Addr,
+    port: u16,
+    secs: u32,
+    streams: u32,
+    cpu: Option<usize>,
+) -> IperfResult {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut args = vec![
+            "-c".to_owned(),
+            dst.to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-t".into(),
+            secs.to_string(),
+            "-P".into(),
+            streams.to_string(),
+            "-J".into(),
+        ];
+        if let Some(c) = cpu {
+            args.push("-A".into());
+            args.push(c.to_string());
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ns.output("iperf3", &refs);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return IperfResult {
+                bits_per_second: bps,
+                retransmits: json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+            };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "iperf3 to {dst}:{port} from {} failed: {}{}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ping_summary() {
+        let text = "PING 10.0.0.2 (10.0.0.2) 56(84) bytes of data.\n\n--- 10.0.0.2 ping statistics ---\n3 packets transmitted, 2 received, 33.3333% packet loss, time 405ms\nrtt min/avg/max/mdev = 0.065/0.103/0.165/0.044 ms\n";
+        let r = parse_ping(text);
+        assert_eq!((r.sent, r.received), (3, 2));
+        assert_eq!(r.avg_ms, Some(0.103));
+        let r = parse_ping("5 packets transmitted, 0 received, +5 errors, 100% packet loss");
+        assert_eq!((r.sent, r.received, r.avg_ms), (5, 0, None));
+    }
+}

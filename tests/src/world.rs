@@ -1,0 +1,295 @@
+//! Topologies: an underlay bridge, nodes with agents, pods, an outside host.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use rivet_api::{Endpoint, EndpointRef, EndpointSpec, Request, Response};
+
+use crate::{
+    agent::{AgentArgs, AgentProc},
+    netns::Netns,
+};
+
+/// A pod: a namespace attached to a node through the agent.
+#[derive(Debug)]
+pub struct Pod {
+    /// Pod (and container ID) name.
+    pub name: String,
+    /// Index of its node in [`World::nodes`].
+    pub node: usize,
+    /// Address.
+    pub ip: Ipv4Addr,
+    /// What the agent reported.
+    pub endpoint: Endpoint,
+    /// Its namespace (deleted on drop).
+    pub ns: Netns,
+}
+
+/// A node: a namespace with an uplink on the underlay, and its agent.
+#[derive(Debug)]
+pub struct Node {
+    /// Node name (unique per world).
+    pub name: String,
+    /// Uplink address.
+    pub ip: Ipv4Addr,
+    /// Pod CIDR, e.g. 10.60.1.0/24.
+    pub pod_cidr: String,
+    /// Its agent, if started.
+    pub agent: Option<AgentProc>,
+    /// Agent start arguments.
+    pub agent_args: AgentArgs,
+    /// Next pod host number.
+    next_host: u8,
+    /// The node namespace.
+    pub ns: Netns,
+}
+
+impl Node {
+    /// The running agent; panics if none.
+    pub fn agent(&self) -> &AgentProc {
+        self.agent.as_ref().expect("agent not started")
+    }
+
+    /// The running agent; panics if none.
+    pub fn agent_mut(&mut self) -> &mut AgentProc {
+        self.agent.as_mut().expect("agent not started")
+    }
+
+    /// Pin directory of the node.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.agent_args.pin_dir()
+    }
+
+    /// Datapath counters by name (from the agent).
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        match self.agent().client().call(&Request::Stats) {
+            Ok(Response::Stats { counters }) => {
+                counters.into_iter().map(|c| (c.name, c.packets)).collect()
+            }
+            other => panic!("stats from {}: {other:?}", self.name),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(agent) = &mut self.agent {
+            agent.unload();
+        }
+        // Whatever the agent could not remove (it may have crashed).
+        let _ = rivet::datapath::unload(&rivet::pins::PinLayout::new(self.agent_args.pin_dir()));
+    }
+}
+
+/// A whole emulated cluster. Fields drop in order: pods, nodes (agents
+/// stopped, pins removed), outside, underlay, then the scratch directory.
+#[derive(Debug)]
+pub struct World {
+    /// Pods, by creation order.
+    pub pods: Vec<Pod>,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// The outside host, if made.
+    pub outside: Option<Netns>,
+    /// The underlay namespace (bridge br0).
+    pub underlay: Netns,
+    /// Unique name prefix.
+    pub prefix: String,
+    /// Address plan number: underlay 192.168.<k>.0/24.
+    pub k: u8,
+    /// Scratch directory (state dirs, sockets, logs).
+    pub dir: PathBuf,
+    keep: bool,
+}
+
+impl World {
+    /// An empty world: just the underlay namespace with its bridge.
+    pub fn new() -> Self {
+        let prefix = crate::unique_prefix();
+        let k = crate::world_number();
+        let dir = std::env::temp_dir().join(format!("rivet-{prefix}"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let underlay = Netns::new(format!("{prefix}-ul"));
+        underlay.ip(&["link", "add", "br0", "type", "bridge"]);
+        underlay.ip(&["addr", "add", &format!("192.168.{k}.1/24"), "dev", "br0"]);
+        underlay.ip(&["link", "set", "br0", "up"]);
+        Self {
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            outside: None,
+            underlay,
+            prefix,
+            k,
+            dir,
+            keep: false,
+        }
+    }
+
+    /// Attaches a namespace to the underlay bridge with `eth0` = `ip/24`
+    /// and a default route via the underlay (192.168.k.1).
+    fn plug(&self, ns: &Netns, port: &str, ip: Ipv4Addr) {
+        self.underlay.ip(&[
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ]);
+        self.underlay
+            .ip(&["link", "set", port, "master", "br0", "up"]);
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+    }
+
+    /// Adds a node namespace on the underlay (no agent yet). Node `i`
+    /// (1-based) gets 192.168.k.(10+i) and pod CIDR 10.k.i.0/24.
+    pub fn add_node(&mut self) -> usize {
+        let i = self.nodes.len() + 1;
+        let name = format!("{}-n{i}", self.prefix);
+        let ns = Netns::new(name.clone());
+        let ip = Ipv4Addr::new(192, 168, self.k, 10 + i as u8);
+        self.plug(&ns, &format!("n{i}"), ip);
+        let pod_cidr = format!("10.{}.{i}.0/24", self.k);
+        let agent_args = AgentArgs {
+            node_name: name.clone(),
+            netns: ns.path(),
+            uplink: Some("eth0".into()),
+            pod_cidr: pod_cidr.clone(),
+            state_dir: self.dir.join(format!("n{i}-state")),
+            socket: self.dir.join(format!("n{i}.sock")),
+            log: self.dir.join(format!("n{i}.log")),
+        };
+        self.nodes.push(Node {
+            name,
+            ip,
+            pod_cidr,
+            agent: None,
+            agent_args,
+            next_host: 2,
+            ns,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Adds a node and starts its agent.
+    pub fn add_node_with_agent(&mut self) -> usize {
+        let n = self.add_node();
+        self.start_agent(n);
+        n
+    }
+
+    /// Starts the agent of node `n`.
+    pub fn start_agent(&mut self, n: usize) {
+        let node = &mut self.nodes[n];
+        node.agent = Some(AgentProc::start(node.agent_args.clone()));
+    }
+
+    /// Creates a pod namespace on node `n` and attaches it through the agent.
+    pub fn add_pod(&mut self, n: usize) -> usize {
+        let node = &mut self.nodes[n];
+        let host = node.next_host;
+        node.next_host += 1;
+        let name = format!("{}-n{}p{}", self.prefix, n + 1, host);
+        let ns = Netns::new(name.clone());
+        let ip = Ipv4Addr::new(10, self.k, n as u8 + 1, host);
+        let response = node
+            .agent()
+            .client()
+            .call(&Request::EndpointAdd(EndpointSpec {
+                container_id: name.clone(),
+                netns: ns.path().display().to_string(),
+                ifname: "eth0".into(),
+                ip,
+            }));
+        let endpoint = match response {
+            Ok(Response::Endpoint(ep)) => ep,
+            other => panic!(
+                "adding pod {name}: {other:?}\nagent log:\n{}",
+                node.agent().log()
+            ),
+        };
+        self.pods.push(Pod {
+            name,
+            node: n,
+            ip,
+            endpoint,
+            ns,
+        });
+        self.pods.len() - 1
+    }
+
+    /// Detaches pod `p` through the agent (its namespace stays).
+    pub fn del_pod(&self, p: usize) -> bool {
+        let pod = &self.pods[p];
+        match self.nodes[pod.node]
+            .agent()
+            .client()
+            .call(&Request::EndpointDel(EndpointRef {
+                container_id: pod.name.clone(),
+                ifname: "eth0".into(),
+            })) {
+            Ok(Response::Deleted { existed }) => existed,
+            other => panic!("deleting pod {}: {other:?}", pod.name),
+        }
+    }
+
+    /// Adds the outside host at 192.168.k.254 on the underlay.
+    pub fn add_outside(&mut self) -> &Netns {
+        let ns = Netns::new(format!("{}-out", self.prefix));
+        self.plug(&ns, "out", Ipv4Addr::new(192, 168, self.k, 254));
+        self.outside.insert(ns)
+    }
+
+    /// Scratch directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Leaves everything (namespaces, agents, pins) in place on drop.
+    pub fn keep(&mut self) {
+        self.keep = true;
+        for p in &mut self.pods {
+            p.ns.keep();
+        }
+        for n in &mut self.nodes {
+            n.ns.keep();
+            if let Some(a) = &mut n.agent {
+                a.detach();
+            }
+        }
+        if let Some(o) = &mut self.outside {
+            o.keep();
+        }
+        self.underlay.keep();
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if self.keep {
+            // Forget the guards without running their cleanup.
+            for n in std::mem::take(&mut self.nodes) {
+                std::mem::forget(n);
+            }
+            return;
+        }
+        self.pods.clear();
+        self.nodes.clear();
+        self.outside = None;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
