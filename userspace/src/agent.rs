@@ -85,6 +85,19 @@ pub struct Agent {
     _lock: PinLock,
 }
 
+/// Checks what the configuration names before anything is created, so a
+/// bad value leaves nothing half-made (no pins, no state).
+pub async fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
+    pins::ensure_bpffs(&cfg.bpffs)?;
+    if let Some(uplink) = &cfg.uplink {
+        let nl = Netlink::connect()?;
+        if nl.link_by_name(uplink).await?.is_none() {
+            return Err(AgentError::NoUplink(uplink.clone()));
+        }
+    }
+    Ok(())
+}
+
 /// The synchronous part of start-up, done before any thread exists:
 /// bpffs, pin directory, lock, and loading the object with its pinned maps.
 pub fn prepare(cfg: &AgentConfig) -> Result<(PinLock, Datapath), AgentError> {

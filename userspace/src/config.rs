@@ -87,9 +87,17 @@ impl FileConfig {
         })
     }
 
-    /// Parses TOML text.
+    /// Parses TOML text. The error is one line: where, what, and the
+    /// offending line's text (which names the key).
     pub fn from_toml(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| e.message().to_owned())
+        toml::from_str(text).map_err(|e| {
+            let Some(span) = e.span() else {
+                return e.message().to_owned();
+            };
+            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or_default().trim();
+            format!("line {line_no}: {} (in `{line}`)", e.message())
+        })
     }
 
     /// Values set in `other` win.

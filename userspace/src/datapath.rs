@@ -534,5 +534,9 @@ pub fn unload(layout: &PinLayout) -> Result<(), DatapathError> {
         remove_file_if_exists(&layout.links_dir().join(name))?;
     }
     layout.remove_all()?;
+    // The shared parent (<bpffs>/rivet) goes too once the last node is gone.
+    if let Some(parent) = layout.root().parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
     Ok(())
 }

@@ -156,6 +156,7 @@ fn run(cli: &Cli) -> Result<(), AgentError2> {
 }
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
+    agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     let socket = cfg.socket.clone();
     let agent = Arc::new(Agent::start(cfg, lock, dp).await?);
@@ -199,6 +200,7 @@ async fn shutdown_signal() {
 }
 
 async fn load(cfg: AgentConfig) -> Result<(), AgentError> {
+    agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     let pin_dir = cfg.pin_dir.clone();
     let agent = Agent::start(cfg, lock, dp).await?;
