@@ -14,6 +14,7 @@
 //! namespaces it made.
 
 pub mod agent;
+pub mod bench;
 pub mod netns;
 pub mod packet;
 pub mod traffic;
