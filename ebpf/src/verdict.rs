@@ -26,14 +26,14 @@ fn count(ctx: &TcContext, counter: Counter) {
 #[inline(always)]
 pub fn pass(ctx: &TcContext, counter: Counter) -> i32 {
     count(ctx, counter);
-    TC_ACT_OK as i32
+    TC_ACT_OK
 }
 
 /// Drop the packet, counted under its reason.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, reason: Counter) -> i32 {
     count(ctx, reason);
-    TC_ACT_SHOT as i32
+    TC_ACT_SHOT
 }
 
 /// Deliver into the namespace of the veth peer of `ifindex` (its ingress),

@@ -35,14 +35,14 @@ pub enum DatapathError {
     EmptyObject,
     /// The object could not be loaded.
     #[error("loading the eBPF object: {0}")]
-    Load(#[from] aya::EbpfError),
+    Load(Box<aya::EbpfError>),
     /// A map operation failed.
     #[error("map {name}: {source}")]
     Map {
         /// Map name.
         name: &'static str,
         /// Cause.
-        source: MapError,
+        source: Box<MapError>,
     },
     /// A program operation failed.
     #[error("program {name}: {source}")]
@@ -50,7 +50,7 @@ pub enum DatapathError {
         /// Program name.
         name: String,
         /// Cause.
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     /// A pinned map does not have the layout this build expects.
     #[error(
@@ -75,7 +75,7 @@ pub enum DatapathError {
         /// Hook.
         hook: &'static str,
         /// Cause.
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     /// A link pin could not be used.
     #[error("link pin {path}: {source}")]
@@ -83,7 +83,7 @@ pub enum DatapathError {
         /// Pin path.
         path: PathBuf,
         /// Cause.
-        source: LinkError,
+        source: Box<LinkError>,
     },
     /// Pinning failed.
     #[error("pinning {path}: {source}")]
@@ -91,7 +91,7 @@ pub enum DatapathError {
         /// Pin path.
         path: PathBuf,
         /// Cause.
-        source: aya::pin::PinError,
+        source: Box<aya::pin::PinError>,
     },
     /// Pin directory problem.
     #[error(transparent)]
@@ -153,13 +153,16 @@ pub struct Datapath {
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
-    move |source| DatapathError::Map { name, source }
+    move |source| DatapathError::Map {
+        name,
+        source: Box::new(source),
+    }
 }
 
 fn prog_err(name: &str) -> impl FnOnce(ProgramError) -> DatapathError + '_ {
     move |source| DatapathError::Program {
         name: name.to_owned(),
-        source,
+        source: Box::new(source),
     }
 }
 
@@ -212,7 +215,9 @@ impl Datapath {
         for name in map_names::ALL {
             loader.map_pin_path(name, layout.map(name));
         }
-        let mut ebpf = loader.load(OBJECT)?;
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
         for name in PROGRAMS {
             let prog: &mut SchedClassifier = ebpf
@@ -223,8 +228,10 @@ impl Datapath {
             prog.load().map_err(prog_err(name))?;
             let pin = layout.prog(name);
             remove_file_if_exists(&pin)?;
-            prog.pin(&pin)
-                .map_err(|source| DatapathError::PinObject { path: pin, source })?;
+            prog.pin(&pin).map_err(|source| DatapathError::PinObject {
+                path: pin,
+                source: Box::new(source),
+            })?;
         }
         Ok(Self {
             ebpf,
@@ -259,7 +266,7 @@ impl Datapath {
             program: program.to_owned(),
             interface: ifname.to_owned(),
             hook: hook.as_str(),
-            source,
+            source: Box::new(source),
         };
         let prog = self.program_mut(program)?;
 
@@ -270,7 +277,7 @@ impl Datapath {
                         .try_into()
                         .map_err(|source| DatapathError::Link {
                             path: pin.clone(),
-                            source,
+                            source: Box::new(source),
                         })?;
                 match prog.attach_to_link(link) {
                     Ok(id) => Some(id),
@@ -284,7 +291,12 @@ impl Datapath {
                 }
             }
             Err(_) if !pin.exists() => None,
-            Err(source) => return Err(DatapathError::Link { path: pin, source }),
+            Err(source) => {
+                return Err(DatapathError::Link {
+                    path: pin,
+                    source: Box::new(source),
+                });
+            }
         };
         let (link_id, pinned) = match existing {
             Some(id) => (id, true),
@@ -301,11 +313,11 @@ impl Datapath {
         let link = prog.take_link(link_id).map_err(attach_err)?;
         let fd_link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
             path: pin.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let info = fd_link.info().map_err(|source| DatapathError::Link {
             path: pin.clone(),
-            source,
+            source: Box::new(source),
         })?;
         if !pinned {
             // Dropping the returned PinnedLink only closes our fd; the pin
@@ -314,7 +326,7 @@ impl Datapath {
                 .pin(&pin)
                 .map_err(|source| DatapathError::PinObject {
                     path: pin.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
         }
         Ok(LinkState {
@@ -489,12 +501,12 @@ pub fn links(layout: &PinLayout) -> Result<Vec<LinkState>, DatapathError> {
         let pin = layout.links_dir().join(&name);
         let link = PinnedLink::from_pin(&pin).map_err(|source| DatapathError::Link {
             path: pin.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let fd_link = FdLink::from(link);
         let info = fd_link.info().map_err(|source| DatapathError::Link {
             path: pin.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let program = PROGRAMS
             .iter()

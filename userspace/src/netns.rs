@@ -54,7 +54,7 @@ pub fn open(path: &Path) -> Result<File, NetnsError> {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
-    let magic = fs.filesystem_type().0 as i64;
+    let magic = fs.filesystem_type().0;
     if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
         return Err(NetnsError::Invalid {
             path: path.to_owned(),

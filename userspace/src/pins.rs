@@ -68,7 +68,7 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> P
 /// True if `path` is on a bpf filesystem.
 pub fn is_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
-        .map(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+        .map(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
         .unwrap_or(false)
 }
 

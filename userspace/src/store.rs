@@ -69,6 +69,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         .map_err(err("syncing directory", dir))
 }
 
+/// Records that parsed (with their keys) and files that did not.
+pub type Loaded<T> = (Vec<(String, T)>, Vec<PathBuf>);
+
 /// A directory of JSON records, one file per key.
 #[derive(Debug, Clone)]
 pub struct RecordDir {
@@ -107,9 +110,7 @@ impl RecordDir {
 
     /// Every record that parses, with its key; unreadable or corrupt files
     /// are returned separately by path (and left in place for inspection).
-    pub fn load_all<T: DeserializeOwned>(
-        &self,
-    ) -> Result<(Vec<(String, T)>, Vec<PathBuf>), StoreError> {
+    pub fn load_all<T: DeserializeOwned>(&self) -> Result<Loaded<T>, StoreError> {
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for entry in fs::read_dir(&self.dir).map_err(err("listing", &self.dir))? {
