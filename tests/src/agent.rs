@@ -92,7 +92,7 @@ impl AgentProc {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(Response::Status(_)) = self.client().call(&Request::Status) {
+            if let Ok(Response::Status(_)) = self.client().call(&Request::Status {}) {
                 return;
             }
             if let Some(child) = &mut self.child

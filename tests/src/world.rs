@@ -65,7 +65,7 @@ impl Node {
 
     /// Datapath counters by name (from the agent).
     pub fn counters(&self) -> BTreeMap<String, u64> {
-        match self.agent().client().call(&Request::Stats) {
+        match self.agent().client().call(&Request::Stats {}) {
             Ok(Response::Stats { counters }) => {
                 counters.into_iter().map(|c| (c.name, c.packets)).collect()
             }

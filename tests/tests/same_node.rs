@@ -233,7 +233,7 @@ fn agent_restart_keeps_traffic_flowing() {
 }
 
 fn status_links(w: &World, n: usize) -> std::collections::BTreeMap<String, (u32, u32)> {
-    match w.nodes[n].agent().client().call(&Request::Status) {
+    match w.nodes[n].agent().client().call(&Request::Status {}) {
         Ok(Response::Status(s)) => s
             .attachments
             .into_iter()
@@ -333,7 +333,7 @@ fn endpoint_conflicts_and_bad_requests() {
     let veths = node.run("ip", &["-o", "link", "show", "type", "veth"]);
     let rv: Vec<&str> = veths.lines().filter(|l| l.contains(": rv")).collect();
     assert_eq!(rv.len(), 1, "{veths}");
-    match client.call(&Request::EndpointList) {
+    match client.call(&Request::EndpointList {}) {
         Ok(Response::Endpoints { endpoints }) => assert_eq!(endpoints.len(), 1),
         other => panic!("{other:?}"),
     }
@@ -373,7 +373,7 @@ fn vanished_pod_is_reconciled() {
     drop(gone); // deletes the pod's namespace, and with it the veth pair
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let eps = match w.nodes[n].agent().client().call(&Request::EndpointList) {
+        let eps = match w.nodes[n].agent().client().call(&Request::EndpointList {}) {
             Ok(Response::Endpoints { endpoints }) => endpoints,
             other => panic!("{other:?}"),
         };

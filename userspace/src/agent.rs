@@ -200,10 +200,10 @@ impl Agent {
                 tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
                 Ok(Response::Deleted { existed })
             }
-            Request::EndpointList => Ok(Response::Endpoints {
+            Request::EndpointList {} => Ok(Response::Endpoints {
                 endpoints: endpoints.list(),
             }),
-            Request::Stats => Ok(Response::Stats {
+            Request::Stats {} => Ok(Response::Stats {
                 counters: dp
                     .counters()
                     .map_err(internal)?
@@ -216,7 +216,7 @@ impl Agent {
                     })
                     .collect(),
             }),
-            Request::Status => {
+            Request::Status {} => {
                 let attachments = dp
                     .links()
                     .map_err(internal)?

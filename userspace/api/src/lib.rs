@@ -35,11 +35,11 @@ pub enum Request {
     /// Remove a pod attachment (idempotent).
     EndpointDel(EndpointRef),
     /// List the node's endpoints.
-    EndpointList,
+    EndpointList {},
     /// Datapath counters, summed over CPUs.
-    Stats,
+    Stats {},
     /// Agent and datapath status.
-    Status,
+    Status {},
 }
 
 /// A pod attachment to create.
@@ -349,7 +349,7 @@ mod tests {
     #[test]
     fn connecting_to_nothing_fails_fast() {
         let err = Client::new("/nonexistent/rivet.sock")
-            .call(&Request::Status)
+            .call(&Request::Status {})
             .expect_err("no agent");
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/rivet.sock"));

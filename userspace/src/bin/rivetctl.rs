@@ -95,9 +95,9 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
             println!("rivetctl {}", env!("CARGO_PKG_VERSION"));
             return Ok(());
         }
-        Command::Status => Request::Status,
-        Command::Endpoints => Request::EndpointList,
-        Command::Stats { .. } => Request::Stats,
+        Command::Status => Request::Status {},
+        Command::Endpoints => Request::EndpointList {},
+        Command::Stats { .. } => Request::Stats {},
         Command::Endpoint { action } => match action {
             EndpointAction::Add {
                 container_id,
