@@ -36,6 +36,19 @@ impl Series {
     }
 }
 
+/// Median of per-round ratios `a[i] / b[i]`: samples of the same round were
+/// taken back to back, so machine drift between rounds cancels out.
+pub fn paired_ratio(a: &Series, b: &Series) -> f64 {
+    let ratios: Vec<f64> = a
+        .samples
+        .iter()
+        .zip(&b.samples)
+        .filter(|(_, y)| **y != 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    percentile(&ratios, 50.0)
+}
+
 /// Linear-interpolated percentile of unsorted samples.
 pub fn percentile(samples: &[f64], p: f64) -> f64 {
     if samples.is_empty() {
@@ -86,8 +99,8 @@ impl Report {
             let better = self.better.get(metric).map_or("", String::as_str);
             let _ = writeln!(
                 s,
-                "| {metric} ({better} is better) | median | min | max | n | × {} |\n|---|---:|---:|---:|---:|---:|",
-                self.baseline
+                "| {metric} ({better} is better) | median | min | max | n | × {b} (medians) | × {b} (paired) |\n|---|---:|---:|---:|---:|---:|---:|",
+                b = self.baseline
             );
             for v in &self.variants {
                 let Some(series) = by_variant.get(v) else {
@@ -95,9 +108,12 @@ impl Report {
                 };
                 let (min, max) = series.spread();
                 let ratio = base.map_or(f64::NAN, |b| series.median() / b);
+                let paired = by_variant
+                    .get(&self.baseline)
+                    .map_or(f64::NAN, |b| paired_ratio(series, b));
                 let _ = writeln!(
                     s,
-                    "| {v} | {:.3} | {min:.3} | {max:.3} | {} | {ratio:.3} |",
+                    "| {v} | {:.3} | {min:.3} | {max:.3} | {} | {ratio:.3} | {paired:.3} |",
                     series.median(),
                     series.samples.len()
                 );
