@@ -200,15 +200,9 @@ impl World {
         let name = format!("{}-n{}p{}", self.prefix, n + 1, host);
         let ns = Netns::new(name.clone());
         let ip = Ipv4Addr::new(10, self.k, n as u8 + 1, host);
-        let response = node
-            .agent()
-            .client()
-            .call(&Request::EndpointAdd(EndpointSpec {
-                container_id: name.clone(),
-                netns: ns.path().display().to_string(),
-                ifname: "eth0".into(),
-                ip,
-            }));
+        let response = node.agent().client().call(&Request::EndpointAdd(
+            EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip),
+        ));
         let endpoint = match response {
             Ok(Response::Endpoint(ep)) => ep,
             other => panic!(

@@ -262,40 +262,38 @@ fn endpoint_conflicts_and_bad_requests() {
 
     // IP in use.
     let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-        container_id: "other".into(),
-        netns: spare.path().display().to_string(),
         ifname: "eth0".into(),
-        ip: w.pods[a].ip,
+        ..EndpointSpec::new("other", spare.path().display().to_string()).with_ip(w.pods[a].ip)
     })));
     assert_eq!(e.kind, ErrorKind::Conflict);
     assert!(e.message.contains("already in use"), "{e}");
     // Same (container, ifname) twice.
-    let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-        container_id: w.pods[a].name.clone(),
-        netns: spare.path().display().to_string(),
-        ifname: "eth0".into(),
-        ip: "10.0.0.0".parse().expect("ip"),
-    })));
+    let e = api_error(
+        client.call(&Request::EndpointAdd(EndpointSpec {
+            ifname: "eth0".into(),
+            ..EndpointSpec::new(w.pods[a].name.clone(), spare.path().display().to_string())
+                .with_ip("10.0.0.0".parse().expect("ip"))
+        })),
+    );
     assert!(
         e.message.contains("already exists") || e.message.contains("pod CIDR"),
         "{e}"
     );
     // Outside the pod CIDR.
-    let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-        container_id: "x1".into(),
-        netns: spare.path().display().to_string(),
-        ifname: "eth0".into(),
-        ip: "192.0.2.5".parse().expect("ip"),
-    })));
+    let e = api_error(
+        client.call(&Request::EndpointAdd(EndpointSpec {
+            ifname: "eth0".into(),
+            ..EndpointSpec::new("x1", spare.path().display().to_string())
+                .with_ip("192.0.2.5".parse().expect("ip"))
+        })),
+    );
     assert_eq!(e.kind, ErrorKind::BadRequest);
     assert!(e.message.contains("pod CIDR"), "{e}");
     // A namespace that does not exist.
     let free_ip = |h: u8| format!("10.{}.1.{h}", w.k).parse().expect("ip");
     let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-        container_id: "x2".into(),
-        netns: "/run/netns/does-not-exist-rivet".into(),
         ifname: "eth0".into(),
-        ip: free_ip(200),
+        ..EndpointSpec::new("x2", "/run/netns/does-not-exist-rivet").with_ip(free_ip(200))
     })));
     assert_eq!(e.kind, ErrorKind::NotFound);
     assert!(e.message.contains("does-not-exist-rivet"), "{e}");
@@ -305,10 +303,8 @@ fn endpoint_conflicts_and_bad_requests() {
     ]);
     let before = spare.run("ip", &["-o", "link", "show", "eth0"]);
     let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-        container_id: "x3".into(),
-        netns: spare.path().display().to_string(),
         ifname: "eth0".into(),
-        ip: free_ip(201),
+        ..EndpointSpec::new("x3", spare.path().display().to_string()).with_ip(free_ip(201))
     })));
     assert_eq!(e.kind, ErrorKind::Conflict);
     assert!(e.message.contains("eth0 already exists"), "{e}");
@@ -320,10 +316,8 @@ fn endpoint_conflicts_and_bad_requests() {
         ("ok", "waytoolongname123"),
     ] {
         let e = api_error(client.call(&Request::EndpointAdd(EndpointSpec {
-            container_id: id.into(),
-            netns: spare.path().display().to_string(),
             ifname: ifname.into(),
-            ip: free_ip(202),
+            ..EndpointSpec::new(id, spare.path().display().to_string()).with_ip(free_ip(202))
         })));
         assert_eq!(e.kind, ErrorKind::BadRequest, "{id:?}/{ifname:?}: {e}");
     }

@@ -2,6 +2,7 @@
 //! keeps kernel state reconciled with its records.
 
 use std::{
+    collections::HashSet,
     net::Ipv4Addr,
     os::unix::fs::PermissionsExt as _,
     path::Path,
@@ -73,6 +74,8 @@ pub struct NodeState {
     pub dp: Datapath,
     /// Endpoint records.
     pub endpoints: Endpoints,
+    /// The node's own IPv4 addresses.
+    pub local: HashSet<Ipv4Addr>,
 }
 
 /// A running agent.
@@ -142,8 +145,8 @@ impl Agent {
             flags: config_flags::CONFIGURED,
             _pad: 0,
         })?;
-        let local: Vec<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
-        dp.set_local_addrs(&local)?;
+        let local: HashSet<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
+        dp.set_local_addrs(&local.iter().copied().collect::<Vec<_>>())?;
         if let Some(uplink) = &uplink {
             let link = dp.attach(program_names::FROM_UPLINK, &uplink.name, Hook::Ingress)?;
             tracing::info!(interface = %uplink.name, link_id = link.link_id, program_id = link.program_id, "uplink attached");
@@ -155,11 +158,12 @@ impl Agent {
                 pod_cidr: cfg.pod_cidr,
                 gateway: cfg.gateway,
                 mtu,
+                fail_at: cfg.fail_add_at.clone(),
             },
             &cfg.state_dir,
         )?;
         endpoints
-            .reconcile(&nl, &mut dp, true, &keep_links(&cfg))
+            .reconcile(&nl, &mut dp, true, &keep_links(&cfg), &local)
             .await?;
         tracing::info!(
             node = %cfg.node_name,
@@ -170,7 +174,11 @@ impl Agent {
         Ok(Self {
             cfg,
             nl,
-            state: Mutex::new(NodeState { dp, endpoints }),
+            state: Mutex::new(NodeState {
+                dp,
+                endpoints,
+                local,
+            }),
             started: Instant::now(),
             mtu,
             _lock: lock,
@@ -188,10 +196,14 @@ impl Agent {
     async fn dispatch(&self, request: Request) -> Result<Response, ApiError> {
         let internal = |e: DatapathError| ApiError::new(ErrorKind::Internal, e.to_string());
         let mut state = self.state.lock().await;
-        let NodeState { dp, endpoints } = &mut *state;
+        let NodeState {
+            dp,
+            endpoints,
+            local,
+        } = &mut *state;
         match request {
             Request::EndpointAdd(spec) => {
-                let ep = endpoints.add(spec, &self.nl, dp).await?;
+                let ep = endpoints.add(spec, &self.nl, dp, local).await?;
                 tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
                 Ok(Response::Endpoint(ep))
             }
@@ -199,6 +211,15 @@ impl Agent {
                 let existed = endpoints.del(&r, &self.nl, dp).await?;
                 tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
                 Ok(Response::Deleted { existed })
+            }
+            Request::EndpointCheck(c) => {
+                endpoints.check(&c, &self.nl, dp).await?;
+                Ok(Response::Checked {})
+            }
+            Request::Gc(gc) => {
+                let removed = endpoints.gc(&gc.valid, &self.nl, dp).await?;
+                tracing::info!(removed = removed.len(), kept = gc.valid.len(), "gc");
+                Ok(Response::Collected { removed })
             }
             Request::EndpointList {} => Ok(Response::Endpoints {
                 endpoints: endpoints.list(),
@@ -239,6 +260,7 @@ impl Agent {
                     pin_dir: self.cfg.pin_dir.display().to_string(),
                     endpoints: endpoints.len(),
                     attachments,
+                    pool: endpoints.pool(),
                 }))
             }
         }
@@ -247,12 +269,16 @@ impl Agent {
     /// One reconciliation pass: local addresses, then endpoints.
     pub async fn reconcile(&self) -> Result<(), AgentError> {
         let addrs = self.nl.ipv4_addresses().await?;
-        let local: Vec<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
         let mut state = self.state.lock().await;
-        let NodeState { dp, endpoints } = &mut *state;
-        dp.set_local_addrs(&local)?;
+        let NodeState {
+            dp,
+            endpoints,
+            local,
+        } = &mut *state;
+        *local = addrs.iter().map(|(_, ip)| *ip).collect();
+        dp.set_local_addrs(&local.iter().copied().collect::<Vec<_>>())?;
         endpoints
-            .reconcile(&self.nl, dp, false, &keep_links(&self.cfg))
+            .reconcile(&self.nl, dp, false, &keep_links(&self.cfg), local)
             .await?;
         Ok(())
     }

@@ -140,6 +140,9 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// API socket path.
     pub socket: PathBuf,
+    /// Test hook: make endpoint ADD fail at this step (from the environment
+    /// variable `RIVET_FAIL_ADD_AT`; never set in production).
+    pub fail_add_at: Option<String>,
 }
 
 fn invalid(key: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
@@ -283,6 +286,18 @@ impl AgentConfig {
             ));
         }
 
+        let fail_add_at = std::env::var("RIVET_FAIL_ADD_AT")
+            .ok()
+            .filter(|s| !s.is_empty());
+        if let Some(step) = &fail_add_at
+            && !crate::endpoint::FAULT_STEPS.contains(&step.as_str())
+        {
+            return Err(invalid(
+                "RIVET_FAIL_ADD_AT",
+                step,
+                format!("one of {:?}", crate::endpoint::FAULT_STEPS),
+            ));
+        }
         Ok(Self {
             node_name,
             pod_cidr,
@@ -294,6 +309,7 @@ impl AgentConfig {
             pin_dir,
             state_dir,
             socket,
+            fail_add_at,
         })
     }
 }

@@ -339,6 +339,30 @@ impl Datapath {
         })
     }
 
+    /// Kernel ID of a loaded program.
+    pub fn program_id(&self, name: &str) -> Result<u32, DatapathError> {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .ok_or_else(|| prog_err(name)(ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(prog_err(name))?;
+        Ok(prog.info().map_err(prog_err(name))?.id())
+    }
+
+    /// IDs of the programs attached (TCX) to `ifname` at `hook`, in order.
+    pub fn attached_ids(&self, ifname: &str, hook: Hook) -> Result<Vec<u32>, DatapathError> {
+        let (_, progs) = SchedClassifier::query_tcx(ifname, tc_attach_type(hook)).map_err(|e| {
+            DatapathError::Attach {
+                program: "(query)".into(),
+                interface: ifname.to_owned(),
+                hook: hook.as_str(),
+                source: Box::new(e),
+            }
+        })?;
+        Ok(progs.iter().map(aya::programs::ProgramInfo::id).collect())
+    }
+
     /// Detaches whatever is pinned for `ifname` at `hook`. Returns whether a
     /// link pin existed.
     pub fn detach(&self, ifname: &str, hook: Hook) -> Result<bool, DatapathError> {

@@ -1,32 +1,39 @@
-//! Pod attachments ("endpoints"): plumbing a pod into the node and removing
-//! it again, with rollback of every step on failure.
+//! Pod attachments ("endpoints") and their leases: plumbing a pod into the
+//! node and removing it again, with rollback of every step on failure.
 //!
-//! ADD, in order (each step undone if a later one fails):
-//! 1. validate; open the pod netns;
-//! 2. veth `rv<hash>` in the node with its peer created *inside* the pod netns;
-//! 3. pod side (on a thread inside the pod netns): lo up, IPv6 off, `ip/32`,
+//! The endpoint record *is* the lease. ADD, in order (each step undone if a
+//! later one fails):
+//! 1. validate; open the pod netns; choose the address (IPAM or requested);
+//! 2. write the record as `pending` (crash-safe) — from here on a crash
+//!    leaves an owner record that start-up reconciliation rolls back;
+//! 3. veth `rv<hash>` in the node with its peer created *inside* the pod netns;
+//! 4. pod side (on a thread inside the pod netns): lo up, IPv6 off, `ip/32`,
 //!    `gateway/32 dev eth0 scope link`, `default via gateway`;
-//! 4. host side: IPv6/RA off, up, `ip/32 dev rv… scope link`, permanent
+//! 5. host side: IPv6/RA off, up, `ip/32 dev rv… scope link`, permanent
 //!    neighbour `ip → pod MAC`;
-//! 5. endpoint in the BPF map; 6. `from_pod` attached (pinned TCX link);
-//! 7. record persisted.
+//! 6. endpoint in the BPF map; 7. `from_pod` attached (pinned TCX link);
+//! 8. record rewritten as `ready`.
 //!
 //! DEL removes map entry, link pin, veth (its routes and neighbour go with
-//! it) and record, and succeeds when any of them is already gone.
+//! it) and the record, and succeeds when any of them is already gone.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     net::Ipv4Addr,
     path::{Path, PathBuf},
 };
 
 use ipnet::Ipv4Net;
-use rivet_api::{ApiError, Endpoint, EndpointRef, EndpointSpec, ErrorKind};
+use rivet_api::{
+    ApiError, Endpoint, EndpointCheck, EndpointRef, EndpointSpec, EndpointState, ErrorKind,
+    PoolStatus, PortMapping,
+};
 use rivet_common::{EndpointInfo, endpoint_flags, program_names};
 
 use crate::{
     config::validate_ifname,
     datapath::{Datapath, DatapathError},
+    ipam::{Ipam, IpamError, RangeSet},
     netlink::{LinkInfo, Netlink, NetlinkError, format_mac, parse_mac},
     netns::{self, NetnsError},
     pins::Hook,
@@ -42,6 +49,12 @@ pub enum EndpointError {
     /// Conflicts with existing state.
     #[error("{0}")]
     Conflict(String),
+    /// No address left.
+    #[error("{0}")]
+    Exhausted(String),
+    /// CHECK found a resource missing or wrong; the message names it.
+    #[error("{0}")]
+    Missing(String),
     /// Network namespace problem.
     #[error(transparent)]
     Netns(#[from] NetnsError),
@@ -54,9 +67,24 @@ pub enum EndpointError {
     /// Persisting the record failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A fault injected for tests (`RIVET_FAIL_ADD_AT`).
+    #[error("injected failure at step {0}")]
+    Injected(String),
     /// Something else in the plumbing.
     #[error("{0}")]
     Other(String),
+}
+
+impl From<IpamError> for EndpointError {
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::Exhausted(_) => EndpointError::Exhausted(e.to_string()),
+            IpamError::InvalidAddress(m) if m.contains("already in use") => {
+                EndpointError::Conflict(m)
+            }
+            other => EndpointError::BadRequest(other.to_string()),
+        }
+    }
 }
 
 impl From<EndpointError> for ApiError {
@@ -64,6 +92,8 @@ impl From<EndpointError> for ApiError {
         let kind = match &e {
             EndpointError::BadRequest(_) => ErrorKind::BadRequest,
             EndpointError::Conflict(_) => ErrorKind::Conflict,
+            EndpointError::Exhausted(_) => ErrorKind::Exhausted,
+            EndpointError::Missing(_) => ErrorKind::Missing,
             EndpointError::Netns(NetnsError::NotFound { .. }) => ErrorKind::NotFound,
             EndpointError::Netns(_) => ErrorKind::BadRequest,
             _ => ErrorKind::Internal,
@@ -71,6 +101,16 @@ impl From<EndpointError> for ApiError {
         ApiError::new(kind, e.to_string())
     }
 }
+
+/// ADD steps where a test can inject a failure (`RIVET_FAIL_ADD_AT=<step>`).
+pub const FAULT_STEPS: [&str; 6] = [
+    "after_reserve",
+    "after_veth",
+    "after_pod_side",
+    "after_host_side",
+    "after_map",
+    "after_attach",
+];
 
 /// Host-side veth name for an attachment: `rv` + 13 hex digits of a stable
 /// hash of (container ID, ifname). 15 bytes, the IFNAMSIZ limit.
@@ -117,6 +157,8 @@ pub struct EndpointSettings {
     pub gateway: Ipv4Addr,
     /// Pod MTU.
     pub mtu: u32,
+    /// Test hook: fail ADD at this step (one of [`FAULT_STEPS`]).
+    pub fail_at: Option<String>,
 }
 
 /// The node's endpoints: records on disk mirrored in memory.
@@ -124,18 +166,23 @@ pub struct Endpoints {
     settings: EndpointSettings,
     store: RecordDir,
     by_ref: BTreeMap<(String, String), Endpoint>,
+    ipam: Ipam,
+    /// Addresses seen live on the node that are not pods of ours (node
+    /// addresses, host routes through other devices): never handed out.
+    foreign: HashSet<Ipv4Addr>,
 }
 
 /// Steps to undo if ADD fails part-way.
 #[derive(Default)]
 struct Rollback {
+    record: Option<String>,
     veth: Option<(u32, String)>,
     map_ip: Option<Ipv4Addr>,
     link: Option<String>,
 }
 
 impl Rollback {
-    async fn run(self, nl: &Netlink, dp: &mut Datapath) {
+    async fn run(self, nl: &Netlink, dp: &mut Datapath, store: &RecordDir) {
         if let Some(ifname) = self.link
             && let Err(e) = dp.detach(&ifname, Hook::Ingress)
         {
@@ -151,42 +198,94 @@ impl Rollback {
         {
             tracing::warn!(error = %e, "rollback: deleting veth");
         }
+        if let Some(key) = self.record
+            && let Err(e) = store.remove(&key)
+        {
+            tracing::warn!(error = %e, "rollback: removing the pending record");
+        }
     }
 }
 
-/// What the pod side reports back.
-struct PodSide {
-    mac: [u8; 6],
+/// Runs `f` with a netlink socket inside the namespace at `path`, on a
+/// dedicated thread with its own single-threaded runtime.
+async fn in_netns<T, F, Fut>(path: PathBuf, f: F) -> Result<T, EndpointError>
+where
+    T: Send + 'static,
+    F: FnOnce(Netlink) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, EndpointError>>,
+{
+    tokio::task::spawn_blocking(move || {
+        netns::run_in(&path, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| EndpointError::Other(format!("runtime in {}: {e}", path.display())))?;
+            rt.block_on(async {
+                let nl = Netlink::connect()
+                    .map_err(|e| EndpointError::Other(format!("in {}: {e}", path.display())))?;
+                f(nl).await
+            })
+        })
+    })
+    .await
+    .map_err(|e| EndpointError::Other(format!("netns worker: {e}")))??
 }
 
-/// Configures the pod end. Runs on a thread inside the pod netns, with its
-/// own single-threaded runtime and netlink socket (bound to that netns).
-fn configure_pod_side(
-    ifname: &str,
+/// Configures the pod end; returns its MAC.
+async fn configure_pod_side(
+    nl: Netlink,
+    ifname: String,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
-) -> Result<PodSide, EndpointError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| EndpointError::Other(format!("starting a runtime in the pod netns: {e}")))?;
-    rt.block_on(async {
-        let nl = Netlink::connect()
-            .map_err(|e| EndpointError::Other(format!("in the pod netns: {e}")))?;
-        if let Some(lo) = nl.link_by_name("lo").await? {
-            nl.set_up(lo.index, "lo").await?;
-        }
-        let link = nl
-            .link_by_name(ifname)
-            .await?
-            .ok_or_else(|| EndpointError::Other(format!("{ifname} vanished from the pod netns")))?;
-        disable_ipv6(ifname);
-        nl.add_address(link.index, ifname, ip, 32).await?;
-        nl.set_up(link.index, ifname).await?;
-        nl.add_link_route(gateway, 32, link.index, ifname).await?;
-        nl.add_default_route(gateway, link.index, ifname).await?;
-        Ok(PodSide { mac: link.mac })
-    })
+) -> Result<[u8; 6], EndpointError> {
+    if let Some(lo) = nl.link_by_name("lo").await? {
+        nl.set_up(lo.index, "lo").await?;
+    }
+    let link = nl
+        .link_by_name(&ifname)
+        .await?
+        .ok_or_else(|| EndpointError::Other(format!("{ifname} vanished from the pod netns")))?;
+    disable_ipv6(&ifname);
+    nl.add_address(link.index, &ifname, ip, 32).await?;
+    nl.set_up(link.index, &ifname).await?;
+    nl.add_link_route(gateway, 32, link.index, &ifname).await?;
+    nl.add_default_route(gateway, link.index, &ifname).await?;
+    Ok(link.mac)
+}
+
+/// Verifies the pod end for CHECK; the error names what is missing.
+async fn check_pod_side(
+    nl: Netlink,
+    ifname: String,
+    ip: Ipv4Addr,
+    gateway: Ipv4Addr,
+) -> Result<(), EndpointError> {
+    let link = nl.link_by_name(&ifname).await?.ok_or_else(|| {
+        EndpointError::Missing(format!("interface {ifname} is missing in the pod netns"))
+    })?;
+    if !nl.addresses_of(link.index).await?.contains(&(ip, 32)) {
+        return Err(EndpointError::Missing(format!(
+            "address {ip}/32 is missing on {ifname}"
+        )));
+    }
+    let routes = nl.ipv4_routes().await?;
+    if !routes
+        .iter()
+        .any(|r| r.dst == gateway && r.prefix == 32 && r.oif == Some(link.index) && r.scope_link)
+    {
+        return Err(EndpointError::Missing(format!(
+            "route {gateway}/32 dev {ifname} scope link is missing in the pod netns"
+        )));
+    }
+    if !routes
+        .iter()
+        .any(|r| r.prefix == 0 && r.gateway == Some(gateway) && r.oif == Some(link.index))
+    {
+        return Err(EndpointError::Missing(format!(
+            "default route via {gateway} dev {ifname} is missing in the pod netns"
+        )));
+    }
+    Ok(())
 }
 
 /// rivet is IPv4-only: no link-local addresses, no DAD, no router
@@ -204,6 +303,45 @@ fn disable_ipv6(ifname: &str) {
     }
 }
 
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Validates port mappings: ports non-zero; a hostIP, if given, is one of
+/// the node's addresses.
+fn validate_port_mappings(
+    pms: &[PortMapping],
+    local: &HashSet<Ipv4Addr>,
+) -> Result<(), EndpointError> {
+    for pm in pms {
+        if pm.host_port == 0 || pm.container_port == 0 {
+            return Err(EndpointError::BadRequest(format!(
+                "port mapping {}:{}/{:?}: ports must be 1..=65535",
+                pm.host_port, pm.container_port, pm.protocol
+            )));
+        }
+        if let Some(ip) = pm.host_ip
+            && !ip.is_unspecified()
+            && !local.contains(&ip)
+        {
+            return Err(EndpointError::BadRequest(format!(
+                "port mapping hostIP {ip} is not an address of this node"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// True if two mappings would capture the same traffic.
+fn mappings_clash(a: &PortMapping, b: &PortMapping) -> bool {
+    let any = |ip: Option<Ipv4Addr>| ip.is_none_or(|i| i.is_unspecified());
+    a.protocol == b.protocol
+        && a.host_port == b.host_port
+        && (any(a.host_ip) || any(b.host_ip) || a.host_ip == b.host_ip)
+}
+
 impl Endpoints {
     /// Loads the records from `state_dir/endpoints`.
     pub fn open(settings: EndpointSettings, state_dir: &Path) -> Result<Self, StoreError> {
@@ -216,10 +354,13 @@ impl Endpoints {
             .into_iter()
             .map(|(_, ep)| ((ep.container_id.clone(), ep.ifname.clone()), ep))
             .collect();
+        let ipam = Ipam::open(state_dir, settings.pod_cidr);
         Ok(Self {
             settings,
             store,
             by_ref,
+            ipam,
+            foreign: HashSet::new(),
         })
     }
 
@@ -245,17 +386,52 @@ impl Endpoints {
         self.by_ref.is_empty()
     }
 
-    fn validate(&self, spec: &EndpointSpec) -> Result<(), EndpointError> {
+    /// Usage of the node's pod CIDR.
+    pub fn pool(&self) -> PoolStatus {
+        let cidr = self.ipam.pod_cidr();
+        let used = self
+            .by_ref
+            .values()
+            .filter(|e| cidr.contains(&e.ip))
+            .map(|e| e.ip)
+            .chain(self.foreign.iter().copied().filter(|ip| cidr.contains(ip)))
+            .collect::<HashSet<_>>()
+            .len() as u64;
+        PoolStatus {
+            size: self.ipam.pool_size(),
+            used,
+        }
+    }
+
+    /// Who holds `ip`, if anyone: a record, a map entry, or the node itself.
+    fn owner_of(&self, ip: Ipv4Addr, dp: &Datapath) -> Option<String> {
+        if let Some(e) = self.by_ref.values().find(|e| e.ip == ip) {
+            return Some(format!("container {} ({})", e.container_id, e.ifname));
+        }
+        if self.foreign.contains(&ip) {
+            return Some("the node (an address or host route seen live)".into());
+        }
+        if matches!(dp.endpoint(ip), Ok(Some(_))) {
+            return Some("an entry of the endpoints map".into());
+        }
+        None
+    }
+
+    fn fault(&self, step: &str) -> Result<(), EndpointError> {
+        if self.settings.fail_at.as_deref() == Some(step) {
+            return Err(EndpointError::Injected(step.to_owned()));
+        }
+        Ok(())
+    }
+
+    fn validate(
+        &self,
+        spec: &EndpointSpec,
+        local: &HashSet<Ipv4Addr>,
+    ) -> Result<(), EndpointError> {
         validate_container_id(&spec.container_id).map_err(EndpointError::BadRequest)?;
         validate_ifname(&spec.ifname)
             .map_err(|r| EndpointError::BadRequest(format!("ifname {:?}: {r}", spec.ifname)))?;
-        let cidr = self.settings.pod_cidr;
-        if !cidr.contains(&spec.ip) || spec.ip == cidr.network() || spec.ip == cidr.broadcast() {
-            return Err(EndpointError::BadRequest(format!(
-                "ip {} is not a usable address of the pod CIDR {cidr}",
-                spec.ip
-            )));
-        }
         if spec.netns.is_empty() {
             return Err(EndpointError::BadRequest("netns is empty".into()));
         }
@@ -268,11 +444,25 @@ impl Endpoints {
                 spec.container_id, spec.ifname
             )));
         }
-        if let Some(other) = self.by_ref.values().find(|e| e.ip == spec.ip) {
-            return Err(EndpointError::Conflict(format!(
-                "ip {} is already in use by container {} ({})",
-                spec.ip, other.container_id, other.ifname
-            )));
+        validate_port_mappings(&spec.port_mappings, local)?;
+        for (i, a) in spec.port_mappings.iter().enumerate() {
+            if spec.port_mappings[i + 1..]
+                .iter()
+                .any(|b| mappings_clash(a, b))
+            {
+                return Err(EndpointError::BadRequest(format!(
+                    "hostPort {}/{:?} is mapped twice in the request",
+                    a.host_port, a.protocol
+                )));
+            }
+            for other in self.by_ref.values() {
+                if other.port_mappings.iter().any(|b| mappings_clash(a, b)) {
+                    return Err(EndpointError::Conflict(format!(
+                        "hostPort {}/{:?} is already mapped to container {}",
+                        a.host_port, a.protocol, other.container_id
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -283,117 +473,141 @@ impl Endpoints {
         spec: EndpointSpec,
         nl: &Netlink,
         dp: &mut Datapath,
+        local: &HashSet<Ipv4Addr>,
     ) -> Result<Endpoint, EndpointError> {
-        self.validate(&spec)?;
-        if dp.endpoint(spec.ip)?.is_some() {
-            return Err(EndpointError::Conflict(format!(
-                "ip {} is already in the endpoints map",
-                spec.ip
-            )));
-        }
+        self.validate(&spec, local)?;
         let netns_path = PathBuf::from(&spec.netns);
         let netns_file = netns::open(&netns_path)?;
+        let set = RangeSet::for_request(&spec.ranges, self.settings.pod_cidr)?;
+        let ip = match spec.ip {
+            Some(ip) => {
+                self.ipam
+                    .check_requested(ip, &set, |ip| self.owner_of(ip, dp))?;
+                ip
+            }
+            None => {
+                let by_ref = &self.by_ref;
+                let foreign = &self.foreign;
+                let dpr = &*dp;
+                self.ipam.allocate(&set, |ip| {
+                    if by_ref.values().any(|e| e.ip == ip) || foreign.contains(&ip) {
+                        return Some("taken".into());
+                    }
+                    matches!(dpr.endpoint(ip), Ok(Some(_))).then(|| "map".into())
+                })?
+            }
+        };
         let host = host_ifname(&spec.container_id, &spec.ifname);
-
-        // A host veth with our derived name but no record is a leftover of a
-        // crash between veth creation and persisting: it is ours, remove it.
-        if let Some(stale) = nl.link_by_name(&host).await? {
-            tracing::warn!(host, "removing leftover veth without a record");
-            nl.delete_link(stale.index, &host).await?;
-        }
+        let record = Endpoint {
+            container_id: spec.container_id.clone(),
+            ifname: spec.ifname.clone(),
+            netns: spec.netns.clone(),
+            ip,
+            mac: String::new(),
+            host_ifname: host.clone(),
+            host_ifindex: 0,
+            host_mac: String::new(),
+            mtu: self.settings.mtu,
+            gateway: self.settings.gateway,
+            state: EndpointState::Pending,
+            pod: spec.pod.clone(),
+            port_mappings: spec.port_mappings.clone(),
+            bandwidth: spec.bandwidth.clone(),
+            created: now_secs(),
+        };
 
         let mut rollback = Rollback::default();
-        match self
-            .plumb(&spec, &host, netns_file, &netns_path, nl, dp, &mut rollback)
-            .await
-        {
+        let result = self.plumb(record, netns_file, nl, dp, &mut rollback).await;
+        match result {
             Ok(ep) => Ok(ep),
             Err(e) => {
-                rollback.run(nl, dp).await;
+                self.by_ref
+                    .remove(&(spec.container_id.clone(), spec.ifname.clone()));
+                rollback.run(nl, dp, &self.store).await;
                 Err(e)
             }
         }
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "internal step of add() sharing its locals"
-    )]
     async fn plumb(
         &mut self,
-        spec: &EndpointSpec,
-        host: &str,
+        mut ep: Endpoint,
         netns_file: std::fs::File,
-        netns_path: &Path,
         nl: &Netlink,
         dp: &mut Datapath,
         rollback: &mut Rollback,
     ) -> Result<Endpoint, EndpointError> {
-        let EndpointSettings { gateway, mtu, .. } = self.settings;
-        if let Err(e) = nl.create_veth(host, &spec.ifname, &netns_file, mtu).await {
+        let host = ep.host_ifname.clone();
+        // The lease: persisted before anything is plumbed.
+        self.store.save(&host, &ep)?;
+        rollback.record = Some(host.clone());
+        self.by_ref
+            .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
+        self.fault("after_reserve")?;
+
+        // A host veth with our derived name but no ready record is a leftover
+        // of a crash between veth creation and persisting: it is ours.
+        if let Some(stale) = nl.link_by_name(&host).await? {
+            tracing::warn!(host, "removing leftover veth without a record");
+            nl.delete_link(stale.index, &host).await?;
+        }
+        if let Err(e) = nl.create_veth(&host, &ep.ifname, &netns_file, ep.mtu).await {
             if e.is_exists() {
                 return Err(EndpointError::Conflict(format!(
                     "interface {} already exists in netns {}",
-                    spec.ifname, spec.netns
+                    ep.ifname, ep.netns
                 )));
             }
             return Err(e.into());
         }
+        drop(netns_file);
         let host_link: LinkInfo = nl
-            .link_by_name(host)
+            .link_by_name(&host)
             .await?
             .ok_or_else(|| EndpointError::Other(format!("veth {host} vanished after creation")))?;
-        rollback.veth = Some((host_link.index, host.to_owned()));
+        rollback.veth = Some((host_link.index, host.clone()));
+        self.fault("after_veth")?;
 
-        let (ifname, ip) = (spec.ifname.clone(), spec.ip);
-        let path = netns_path.to_owned();
-        let pod = tokio::task::spawn_blocking(move || {
-            netns::run_in_file(&netns_file, &path, || {
-                configure_pod_side(&ifname, ip, gateway)
-            })
+        let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
+        let pod_mac = in_netns(PathBuf::from(&ep.netns), move |nl| {
+            configure_pod_side(nl, ifname, ip, gateway)
         })
-        .await
-        .map_err(|e| EndpointError::Other(format!("pod-side worker: {e}")))???;
+        .await?;
+        self.fault("after_pod_side")?;
 
-        disable_ipv6(host);
-        nl.set_up(host_link.index, host).await?;
-        nl.add_link_route(spec.ip, 32, host_link.index, host)
+        disable_ipv6(&host);
+        nl.set_up(host_link.index, &host).await?;
+        nl.add_link_route(ep.ip, 32, host_link.index, &host).await?;
+        nl.add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac)
             .await?;
-        nl.add_permanent_neighbour(host_link.index, host, spec.ip, pod.mac)
-            .await?;
+        self.fault("after_host_side")?;
 
         dp.put_endpoint(
-            spec.ip,
+            ep.ip,
             EndpointInfo {
                 ifindex: host_link.index,
                 flags: endpoint_flags::READY,
-                mac: pod.mac,
+                mac: pod_mac,
                 host_mac: host_link.mac,
             },
         )?;
-        rollback.map_ip = Some(spec.ip);
-        dp.attach(program_names::FROM_POD, host, Hook::Ingress)?;
-        rollback.link = Some(host.to_owned());
+        rollback.map_ip = Some(ep.ip);
+        self.fault("after_map")?;
+        dp.attach(program_names::FROM_POD, &host, Hook::Ingress)?;
+        rollback.link = Some(host.clone());
+        self.fault("after_attach")?;
 
-        let ep = Endpoint {
-            container_id: spec.container_id.clone(),
-            ifname: spec.ifname.clone(),
-            netns: spec.netns.clone(),
-            ip: spec.ip,
-            mac: format_mac(&pod.mac),
-            host_ifname: host.to_owned(),
-            host_ifindex: host_link.index,
-            host_mac: format_mac(&host_link.mac),
-            mtu,
-            gateway,
-        };
-        self.store.save(host, &ep)?;
+        ep.mac = format_mac(&pod_mac);
+        ep.host_ifindex = host_link.index;
+        ep.host_mac = format_mac(&host_link.mac);
+        ep.state = EndpointState::Ready;
+        self.store.save(&host, &ep)?;
         self.by_ref
             .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
         Ok(ep)
     }
 
-    /// Removes the attachment. Returns whether anything existed.
+    /// Removes the attachment and its lease. Returns whether anything existed.
     pub async fn del(
         &mut self,
         r: &EndpointRef,
@@ -406,17 +620,20 @@ impl Endpoints {
             .get(&(r.container_id.clone(), r.ifname.clone()))
             .cloned();
         let mut existed = record.is_some();
+        let link = nl.link_by_name(&host).await?;
         if let Some(ep) = &record {
-            // Only remove the map entry if it still points at this veth.
-            if dp
-                .endpoint(ep.ip)?
-                .is_some_and(|info| info.ifindex == ep.host_ifindex)
-            {
+            // Only remove the map entry if it points at this attachment's veth
+            // (or at nothing we know: a pending record never wrote one).
+            let ours = |info: &EndpointInfo| {
+                info.ifindex == ep.host_ifindex
+                    || link.as_ref().is_some_and(|l| l.index == info.ifindex)
+            };
+            if dp.endpoint(ep.ip)?.is_some_and(|info| ours(&info)) {
                 dp.remove_endpoint(ep.ip)?;
             }
         }
         existed |= dp.detach(&host, Hook::Ingress)?;
-        if let Some(link) = nl.link_by_name(&host).await? {
+        if let Some(link) = link {
             existed = true;
             match nl.delete_link(link.index, &host).await {
                 Ok(()) => {}
@@ -431,10 +648,143 @@ impl Endpoints {
         Ok(existed)
     }
 
-    /// Brings kernel state in line with the records: endpoints whose veth is
-    /// gone are removed; map entries and link pins without a record are
-    /// removed; every live endpoint has its map entry and program (with
-    /// `reattach`, programs are swapped to the freshly loaded ones).
+    /// Verifies every resource of an attachment (CNI CHECK). The error names
+    /// the first one missing.
+    pub async fn check(
+        &self,
+        c: &EndpointCheck,
+        nl: &Netlink,
+        dp: &Datapath,
+    ) -> Result<(), EndpointError> {
+        let missing = |m: String| Err(EndpointError::Missing(m));
+        let Some(ep) = self.by_ref.get(&(c.container_id.clone(), c.ifname.clone())) else {
+            return missing(format!(
+                "no lease for container {} interface {}",
+                c.container_id, c.ifname
+            ));
+        };
+        if ep.state != EndpointState::Ready {
+            return missing(format!(
+                "the attachment of container {} is incomplete (pending)",
+                c.container_id
+            ));
+        }
+        if let Some(ip) = c.ip
+            && ip != ep.ip
+        {
+            return missing(format!(
+                "address mismatch: the previous result has {ip}, the lease has {}",
+                ep.ip
+            ));
+        }
+        let host = &ep.host_ifname;
+        match nl.link_by_name(host).await? {
+            Some(l) if l.index == ep.host_ifindex => {}
+            _ => return missing(format!("host veth {host} is missing")),
+        }
+        let routes = nl.ipv4_routes().await?;
+        if !routes
+            .iter()
+            .any(|r| r.dst == ep.ip && r.prefix == 32 && r.oif == Some(ep.host_ifindex))
+        {
+            return missing(format!("host route {}/32 dev {host} is missing", ep.ip));
+        }
+        let want = self.map_entry(ep)?;
+        if dp.endpoint(ep.ip)? != Some(want) {
+            return missing(format!(
+                "endpoint map entry for {} is missing or stale",
+                ep.ip
+            ));
+        }
+        let pin = dp.layout().link(host, Hook::Ingress);
+        if !pin.exists() {
+            return missing(format!("link pin {} is missing", pin.display()));
+        }
+        let prog = dp.program_id(program_names::FROM_POD)?;
+        let attached = dp.attached_ids(host, Hook::Ingress)?;
+        if !attached.contains(&prog) {
+            return missing(format!(
+                "program from_pod is not attached to {host} (ingress)"
+            ));
+        }
+        let path = PathBuf::from(&ep.netns);
+        if !path.exists() {
+            return missing(format!("pod netns {} is missing", ep.netns));
+        }
+        let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
+        in_netns(path, move |nl| check_pod_side(nl, ifname, ip, gateway)).await
+    }
+
+    fn map_entry(&self, ep: &Endpoint) -> Result<EndpointInfo, EndpointError> {
+        let (Some(mac), Some(host_mac)) = (parse_mac(&ep.mac), parse_mac(&ep.host_mac)) else {
+            return Err(EndpointError::Other(format!(
+                "record of {} has invalid MACs",
+                ep.host_ifname
+            )));
+        };
+        Ok(EndpointInfo {
+            ifindex: ep.host_ifindex,
+            flags: endpoint_flags::READY,
+            mac,
+            host_mac,
+        })
+    }
+
+    /// CNI GC: removes every attachment not in `valid`, and every `rv…`
+    /// veth that no record owns. Returns what was removed.
+    pub async fn gc(
+        &mut self,
+        valid: &[EndpointRef],
+        nl: &Netlink,
+        dp: &mut Datapath,
+    ) -> Result<Vec<EndpointRef>, EndpointError> {
+        let keep: HashSet<(String, String)> = valid
+            .iter()
+            .map(|r| (r.container_id.clone(), r.ifname.clone()))
+            .collect();
+        let doomed: Vec<EndpointRef> = self
+            .by_ref
+            .values()
+            .filter(|e| !keep.contains(&(e.container_id.clone(), e.ifname.clone())))
+            .map(Endpoint::reference)
+            .collect();
+        let mut first_error = None;
+        for r in &doomed {
+            if let Err(e) = self.del(r, nl, dp).await {
+                tracing::warn!(container = %r.container_id, error = %e, "gc");
+                first_error.get_or_insert(e);
+            }
+        }
+        let owned: HashSet<String> = self
+            .by_ref
+            .values()
+            .map(|e| e.host_ifname.clone())
+            .collect();
+        for link in nl.links().await? {
+            if is_rivet_veth(&link.name) && !owned.contains(&link.name) {
+                tracing::info!(veth = %link.name, "gc: removing a veth no record owns");
+                if let Err(e) = nl.delete_link(link.index, &link.name).await
+                    && e.errno() != Some(libc::ENODEV)
+                {
+                    first_error.get_or_insert(e.into());
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(doomed),
+        }
+    }
+
+    /// Brings kernel state in line with the records:
+    /// - pending records (an ADD interrupted by a crash; ADDs are serialized
+    ///   with reconciliation, so none is in flight) are rolled back;
+    /// - endpoints whose veth is gone are removed;
+    /// - map entries and link pins without a record are removed;
+    /// - every live endpoint has its map entry and program (with `reattach`,
+    ///   programs are swapped to the freshly loaded ones);
+    /// - addresses seen live on the node are remembered as taken.
+    ///
     /// `keep_links` names interfaces whose pins are not endpoints (uplink).
     pub async fn reconcile(
         &mut self,
@@ -442,6 +792,7 @@ impl Endpoints {
         dp: &mut Datapath,
         reattach: bool,
         keep_links: &[String],
+        local: &HashSet<Ipv4Addr>,
     ) -> Result<(), EndpointError> {
         let links: BTreeMap<String, LinkInfo> = nl
             .links()
@@ -455,31 +806,17 @@ impl Endpoints {
             let live = links
                 .get(&ep.host_ifname)
                 .is_some_and(|l| l.index == ep.host_ifindex);
-            if !live {
-                tracing::info!(container = %ep.container_id, ip = %ep.ip, "pod veth gone; removing endpoint");
-                self.del(
-                    &EndpointRef {
-                        container_id: ep.container_id.clone(),
-                        ifname: ep.ifname.clone(),
-                    },
-                    nl,
-                    dp,
-                )
-                .await?;
+            if ep.state == EndpointState::Pending || !live {
+                tracing::info!(
+                    container = %ep.container_id,
+                    ip = %ep.ip,
+                    state = ?ep.state,
+                    "releasing an interrupted or vanished attachment"
+                );
+                self.del(&ep.reference(), nl, dp).await?;
                 continue;
             }
-            let (Some(mac), Some(host_mac)) = (parse_mac(&ep.mac), parse_mac(&ep.host_mac)) else {
-                return Err(EndpointError::Other(format!(
-                    "record of {} has invalid MACs",
-                    ep.host_ifname
-                )));
-            };
-            let want = EndpointInfo {
-                ifindex: ep.host_ifindex,
-                flags: endpoint_flags::READY,
-                mac,
-                host_mac,
-            };
+            let want = self.map_entry(&ep)?;
             if dp.endpoint(ep.ip)? != Some(want) {
                 tracing::info!(ip = %ep.ip, "restoring endpoint map entry");
                 dp.put_endpoint(ep.ip, want)?;
@@ -490,41 +827,65 @@ impl Endpoints {
             }
         }
 
-        let known: Vec<Ipv4Addr> = self.by_ref.values().map(|e| e.ip).collect();
+        let known: HashSet<Ipv4Addr> = self.by_ref.values().map(|e| e.ip).collect();
         for (ip, _) in dp.list_endpoints()? {
             if !known.contains(&ip) {
                 tracing::info!(%ip, "removing map entry without an endpoint record");
                 dp.remove_endpoint(ip)?;
             }
         }
-        let hosts: Vec<&str> = self
+        let hosts: HashSet<&str> = self
             .by_ref
             .values()
             .map(|e| e.host_ifname.as_str())
             .collect();
         for link in dp.links()? {
-            if !hosts.contains(&link.interface.as_str()) && !keep_links.contains(&link.interface) {
+            if !hosts.contains(link.interface.as_str()) && !keep_links.contains(&link.interface) {
                 tracing::info!(interface = %link.interface, "removing link pin without an endpoint");
                 dp.detach(&link.interface, link.hook)?;
             }
         }
+
+        // Addresses in use on the node that are not our pods: node addresses
+        // and /32 routes through devices other than our veths.
+        let ours: HashSet<u32> = self.by_ref.values().map(|e| e.host_ifindex).collect();
+        let mut foreign: HashSet<Ipv4Addr> = local.clone();
+        for r in nl.ipv4_routes().await? {
+            if r.prefix == 32 && r.oif.is_some_and(|o| !ours.contains(&o)) {
+                foreign.insert(r.dst);
+            }
+        }
+        self.foreign = foreign;
         Ok(())
     }
+}
+
+/// Names rivet gives host-side veths: `rv` + 13 lowercase hex digits.
+pub fn is_rivet_veth(name: &str) -> bool {
+    name.len() == 15
+        && name.starts_with("rv")
+        && name[2..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rivet_api::Protocol;
 
     #[test]
     fn host_ifnames_are_stable_and_fit() {
         let a = host_ifname("abc", "eth0");
         assert_eq!(a.len(), 15);
         assert!(a.starts_with("rv"));
+        assert!(is_rivet_veth(&a));
         assert_eq!(a, host_ifname("abc", "eth0"));
         assert_ne!(a, host_ifname("abc", "eth1"));
         assert_ne!(a, host_ifname("ab", "ceth0"));
         assert!(validate_ifname(&a).is_ok());
+        assert!(!is_rivet_veth("rvsomething"));
+        assert!(!is_rivet_veth("eth0"));
     }
 
     #[test]
@@ -534,5 +895,45 @@ mod tests {
         for bad in ["", "-a", ".a", "a/b", "a b", "a\nb", "ä"] {
             assert!(validate_container_id(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn pm(port: u16, proto: Protocol, ip: Option<&str>) -> PortMapping {
+        PortMapping {
+            host_port: port,
+            container_port: 80,
+            protocol: proto,
+            host_ip: ip.map(|s| s.parse().expect("ip")),
+        }
+    }
+
+    #[test]
+    fn port_mapping_clashes() {
+        use Protocol::{Tcp, Udp};
+        assert!(mappings_clash(&pm(80, Tcp, None), &pm(80, Tcp, None)));
+        assert!(mappings_clash(
+            &pm(80, Tcp, None),
+            &pm(80, Tcp, Some("10.0.0.1"))
+        ));
+        assert!(mappings_clash(
+            &pm(80, Tcp, Some("0.0.0.0")),
+            &pm(80, Tcp, Some("10.0.0.1"))
+        ));
+        assert!(!mappings_clash(&pm(80, Tcp, None), &pm(80, Udp, None)));
+        assert!(!mappings_clash(&pm(80, Tcp, None), &pm(81, Tcp, None)));
+        assert!(!mappings_clash(
+            &pm(80, Tcp, Some("10.0.0.1")),
+            &pm(80, Tcp, Some("10.0.0.2"))
+        ));
+    }
+
+    #[test]
+    fn port_mapping_validation() {
+        let local: HashSet<Ipv4Addr> = ["10.0.0.1".parse().expect("ip")].into();
+        assert!(validate_port_mappings(&[pm(80, Protocol::Tcp, Some("10.0.0.1"))], &local).is_ok());
+        assert!(validate_port_mappings(&[pm(80, Protocol::Tcp, Some("0.0.0.0"))], &local).is_ok());
+        assert!(
+            validate_port_mappings(&[pm(80, Protocol::Tcp, Some("10.0.0.9"))], &local).is_err()
+        );
+        assert!(validate_port_mappings(&[pm(0, Protocol::Tcp, None)], &local).is_err());
     }
 }

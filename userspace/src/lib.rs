@@ -8,7 +8,8 @@
 //! | [`datapath`] | the embedded eBPF object: load, pin, attach, typed maps |
 //! | [`netns`] | running work inside another network namespace |
 //! | [`netlink`] | links, addresses, routes, neighbours |
-//! | [`endpoint`] | plumbing pods in and out, with rollback |
+//! | [`endpoint`] | plumbing pods in and out, with rollback; leases, CHECK, GC |
+//! | [`ipam`] | choosing pod addresses (ranges, round-robin) |
 //! | [`store`] | crash-safe records |
 //! | [`agent`] | the agent: start-up, API server, reconciliation |
 
@@ -16,6 +17,7 @@ pub mod agent;
 pub mod config;
 pub mod datapath;
 pub mod endpoint;
+pub mod ipam;
 pub mod netlink;
 pub mod netns;
 pub mod pins;

@@ -12,7 +12,7 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::RouteScope,
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
     },
 };
 
@@ -60,6 +60,40 @@ pub struct LinkInfo {
     pub mtu: u32,
     /// Link kind ("veth", "bridge", ...), if any.
     pub kind: Option<String>,
+}
+
+/// An IPv4 route of the main table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Destination network address (0.0.0.0 for default).
+    pub dst: Ipv4Addr,
+    /// Prefix length.
+    pub prefix: u8,
+    /// Gateway, if any.
+    pub gateway: Option<Ipv4Addr>,
+    /// Output interface index, if any.
+    pub oif: Option<u32>,
+    /// True for scope link.
+    pub scope_link: bool,
+}
+
+fn route_info(msg: &RouteMessage) -> RouteInfo {
+    let mut r = RouteInfo {
+        dst: Ipv4Addr::UNSPECIFIED,
+        prefix: msg.header.destination_prefix_length,
+        gateway: None,
+        oif: None,
+        scope_link: msg.header.scope == RouteScope::Link,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => r.dst = *ip,
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => r.gateway = Some(*ip),
+            RouteAttribute::Oif(i) => r.oif = Some(*i),
+            _ => {}
+        }
+    }
+    r
 }
 
 /// A netlink route socket and its handle.
@@ -223,6 +257,45 @@ impl Netlink {
         out.sort();
         out.dedup();
         Ok(out)
+    }
+
+    /// IPv4 addresses (with prefix lengths) on the link `index`.
+    pub async fn addresses_of(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>, NetlinkError> {
+        let msgs: Vec<_> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(ctx(format!("listing addresses of ifindex {index}")))?;
+        Ok(msgs
+            .iter()
+            .flat_map(|m| {
+                m.attributes.iter().filter_map(|a| match a {
+                    AddressAttribute::Local(IpAddr::V4(ip)) => Some((*ip, m.header.prefix_len)),
+                    _ => None,
+                })
+            })
+            .collect())
+    }
+
+    /// IPv4 routes of the main table.
+    pub async fn ipv4_routes(&self) -> Result<Vec<RouteInfo>, NetlinkError> {
+        let msgs: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .map_err(ctx("listing routes"))?;
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.table == RouteHeader::RT_TABLE_MAIN)
+            .map(route_info)
+            .collect())
     }
 
     /// `ip route add <dst>/<len> dev <index> scope link`.

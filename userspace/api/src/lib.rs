@@ -30,12 +30,17 @@ pub fn default_ifname() -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// Create a pod attachment: veth, addresses, routes, map entry, program.
+    /// Create a pod attachment: address, veth, routes, map entry, program.
     EndpointAdd(EndpointSpec),
-    /// Remove a pod attachment (idempotent).
+    /// Remove a pod attachment and its lease (idempotent).
     EndpointDel(EndpointRef),
+    /// Verify every resource of an attachment; the error names the first
+    /// missing one.
+    EndpointCheck(EndpointCheck),
     /// List the node's endpoints.
     EndpointList {},
+    /// Remove every attachment not in `valid` (CNI GC).
+    Gc(GcRequest),
     /// Datapath counters, summed over CPUs.
     Stats {},
     /// Agent and datapath status.
@@ -53,12 +58,120 @@ pub struct EndpointSpec {
     /// Interface name inside the pod.
     #[serde(default = "default_ifname")]
     pub ifname: String,
-    /// Address to give the pod; must be inside the node's pod CIDR and free.
-    pub ip: Ipv4Addr,
+    /// Address to give the pod (it must be free and inside the node's pod
+    /// CIDR); `None` lets the agent's IPAM choose.
+    #[serde(default)]
+    pub ip: Option<Ipv4Addr>,
+    /// Ranges to allocate from (host-local style); empty = the whole pod CIDR.
+    #[serde(default)]
+    pub ranges: Vec<IpRange>,
+    /// Kubernetes pod identity, when known.
+    #[serde(default)]
+    pub pod: Option<PodMeta>,
+    /// hostPort mappings (CNI `portMappings` capability).
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+    /// Traffic shaping (CNI `bandwidth` capability).
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+}
+
+impl EndpointSpec {
+    /// A spec with only the required fields (agent IPAM).
+    pub fn new(container_id: impl Into<String>, netns: impl Into<String>) -> Self {
+        Self {
+            container_id: container_id.into(),
+            netns: netns.into(),
+            ifname: default_ifname(),
+            ip: None,
+            ranges: Vec::new(),
+            pod: None,
+            port_mappings: Vec::new(),
+            bandwidth: None,
+        }
+    }
+
+    /// Same, asking for a specific address.
+    pub fn with_ip(mut self, ip: Ipv4Addr) -> Self {
+        self.ip = Some(ip);
+        self
+    }
+}
+
+/// An allocation range (host-local's `ranges` entries).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IpRange {
+    /// Subnet, e.g. `10.244.1.0/24`.
+    pub subnet: String,
+    /// First address to hand out.
+    #[serde(default)]
+    pub range_start: Option<Ipv4Addr>,
+    /// Last address to hand out.
+    #[serde(default)]
+    pub range_end: Option<Ipv4Addr>,
+    /// Reserved (never handed out).
+    #[serde(default)]
+    pub gateway: Option<Ipv4Addr>,
+}
+
+/// Kubernetes identity of a pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodMeta {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+}
+
+/// Transport protocol of a port mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+/// One hostPort mapping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PortMapping {
+    /// Port on the node.
+    pub host_port: u16,
+    /// Port in the pod.
+    pub container_port: u16,
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Node address it applies to; `None` = every node address.
+    #[serde(default)]
+    pub host_ip: Option<Ipv4Addr>,
+}
+
+/// Traffic shaping, in bits per second and bits (the CNI convention).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Bandwidth {
+    /// Rate into the pod.
+    #[serde(default)]
+    pub ingress_rate: Option<u64>,
+    /// Burst into the pod.
+    #[serde(default)]
+    pub ingress_burst: Option<u64>,
+    /// Rate out of the pod.
+    #[serde(default)]
+    pub egress_rate: Option<u64>,
+    /// Burst out of the pod.
+    #[serde(default)]
+    pub egress_burst: Option<u64>,
 }
 
 /// Names an attachment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointRef {
     /// Container (sandbox) ID.
@@ -66,6 +179,48 @@ pub struct EndpointRef {
     /// Interface name inside the pod.
     #[serde(default = "default_ifname")]
     pub ifname: String,
+}
+
+impl EndpointRef {
+    /// A reference.
+    pub fn new(container_id: impl Into<String>, ifname: impl Into<String>) -> Self {
+        Self {
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+}
+
+/// What CHECK verifies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointCheck {
+    /// Container (sandbox) ID.
+    pub container_id: String,
+    /// Interface name inside the pod.
+    #[serde(default = "default_ifname")]
+    pub ifname: String,
+    /// The address the previous result reported, if any.
+    #[serde(default)]
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// CNI GC: the attachments that must survive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// Everything else is removed.
+    pub valid: Vec<EndpointRef>,
+}
+
+/// Lifecycle of an attachment record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointState {
+    /// Address reserved, plumbing in progress (or interrupted by a crash).
+    Pending,
+    /// Fully plumbed.
+    Ready,
 }
 
 /// A pod attached to the node.
@@ -91,6 +246,27 @@ pub struct Endpoint {
     pub mtu: u32,
     /// The pod's default gateway.
     pub gateway: Ipv4Addr,
+    /// Record state.
+    pub state: EndpointState,
+    /// Kubernetes identity, if given.
+    #[serde(default)]
+    pub pod: Option<PodMeta>,
+    /// hostPort mappings.
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+    /// Traffic shaping.
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+    /// When the record was created (seconds since the epoch).
+    #[serde(default)]
+    pub created: u64,
+}
+
+impl Endpoint {
+    /// The attachment's name.
+    pub fn reference(&self) -> EndpointRef {
+        EndpointRef::new(&self.container_id, &self.ifname)
+    }
 }
 
 /// One datapath counter.
@@ -142,6 +318,24 @@ pub struct AgentStatus {
     pub endpoints: usize,
     /// Attached programs.
     pub attachments: Vec<Attachment>,
+    /// Address pool of the node.
+    pub pool: PoolStatus,
+}
+
+/// Address pool usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    /// Addresses the agent can hand out.
+    pub size: u64,
+    /// Addresses leased.
+    pub used: u64,
+}
+
+impl PoolStatus {
+    /// Addresses still free.
+    pub const fn free(&self) -> u64 {
+        self.size.saturating_sub(self.used)
+    }
 }
 
 /// What the agent answers.
@@ -159,6 +353,13 @@ pub enum Response {
     Deleted {
         /// False when there was nothing to delete (DEL is idempotent).
         existed: bool,
+    },
+    /// Every resource of the attachment is in place.
+    Checked {},
+    /// Result of a GC.
+    Collected {
+        /// The attachments that were removed.
+        removed: Vec<EndpointRef>,
     },
     /// Datapath counters.
     Stats {
@@ -181,6 +382,10 @@ pub enum ErrorKind {
     Conflict,
     /// Something it names does not exist (network namespace, ...).
     NotFound,
+    /// No address left in the pool.
+    Exhausted,
+    /// CHECK found a resource missing or wrong (the message names it).
+    Missing,
     /// The agent failed; details in the message.
     Internal,
 }
@@ -307,18 +512,42 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
-        let req = Request::EndpointAdd(EndpointSpec {
-            container_id: "c1".into(),
-            netns: "/run/netns/p1".into(),
-            ifname: "eth0".into(),
-            ip: Ipv4Addr::new(10, 244, 0, 2),
-        });
+        let req = Request::EndpointAdd(
+            EndpointSpec::new("c1", "/run/netns/p1").with_ip(Ipv4Addr::new(10, 244, 0, 2)),
+        );
         let text = serde_json::to_string(&req).expect("serialize");
-        assert_eq!(
-            text,
-            r#"{"op":"endpoint_add","container_id":"c1","netns":"/run/netns/p1","ifname":"eth0","ip":"10.244.0.2"}"#
+        assert!(
+            text.starts_with(r#"{"op":"endpoint_add","container_id":"c1","netns":"/run/netns/p1","ifname":"eth0","ip":"10.244.0.2""#),
+            "{text}"
         );
         assert_eq!(serde_json::from_str::<Request>(&text).expect("parse"), req);
+    }
+
+    #[test]
+    fn minimal_add_and_port_mappings_parse() {
+        let req: Request = serde_json::from_str(
+            r#"{"op":"endpoint_add","container_id":"c","netns":"/x",
+                "port_mappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}"#,
+        )
+        .expect("parse");
+        let Request::EndpointAdd(spec) = req else {
+            panic!("wrong op");
+        };
+        assert_eq!(spec.ip, None);
+        assert_eq!(spec.ifname, "eth0");
+        assert_eq!(spec.port_mappings[0].protocol, Protocol::Tcp);
+        assert!(
+            serde_json::from_str::<PortMapping>(
+                r#"{"hostPort":70000,"containerPort":80,"protocol":"tcp"}"#
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_str::<PortMapping>(
+                r#"{"hostPort":80,"containerPort":80,"protocol":"icmp"}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

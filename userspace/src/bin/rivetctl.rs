@@ -3,7 +3,7 @@
 use std::{net::Ipv4Addr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use rivet_api::{Client, EndpointRef, EndpointSpec, Request, Response};
+use rivet_api::{Client, EndpointCheck, EndpointRef, EndpointSpec, Request, Response};
 
 #[derive(Parser)]
 #[command(
@@ -59,9 +59,18 @@ enum EndpointAction {
         /// Pod network namespace path.
         #[arg(long)]
         netns: String,
-        /// Pod address (inside the node's pod CIDR).
+        /// Pod address (inside the node's pod CIDR); default: the agent's IPAM chooses.
         #[arg(long)]
-        ip: Ipv4Addr,
+        ip: Option<Ipv4Addr>,
+        /// Interface name inside the pod.
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+    },
+    /// Verify every resource of an attachment.
+    Check {
+        /// Container (sandbox) ID.
+        #[arg(long)]
+        container_id: String,
         /// Interface name inside the pod.
         #[arg(long, default_value = "eth0")]
         ifname: String,
@@ -105,17 +114,21 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
                 ip,
                 ifname,
             } => Request::EndpointAdd(EndpointSpec {
-                container_id: container_id.clone(),
-                netns: netns.clone(),
                 ifname: ifname.clone(),
                 ip: *ip,
+                ..EndpointSpec::new(container_id, netns)
             }),
             EndpointAction::Del {
                 container_id,
                 ifname,
-            } => Request::EndpointDel(EndpointRef {
+            } => Request::EndpointDel(EndpointRef::new(container_id, ifname)),
+            EndpointAction::Check {
+                container_id,
+                ifname,
+            } => Request::EndpointCheck(EndpointCheck {
                 container_id: container_id.clone(),
                 ifname: ifname.clone(),
+                ip: None,
             }),
         },
     };
@@ -155,6 +168,13 @@ fn print_table(response: &Response, show_all: bool) {
                 );
             }
         }
+        Response::Checked {} => println!("ok: every resource is in place"),
+        Response::Collected { removed } => {
+            println!("removed {} attachment(s)", removed.len());
+            for r in removed {
+                println!("  {} {}", r.container_id, r.ifname);
+            }
+        }
         Response::Deleted { existed } => {
             println!(
                 "{}",
@@ -181,6 +201,12 @@ fn print_table(response: &Response, show_all: bool) {
                 s.pod_cidr, s.gateway, s.mtu
             );
             println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
+            println!(
+                "address pool: {} used of {} ({} free)",
+                s.pool.used,
+                s.pool.size,
+                s.pool.free()
+            );
             println!("attachments:");
             for a in &s.attachments {
                 println!(
