@@ -1,56 +1,337 @@
 //! rivet-cni: the CNI plugin named by `"type": "rivet-cni"` in a conflist.
 //!
-//! This first version answers VERSION; ADD/DEL/CHECK/STATUS/GC arrive with
-//! the CNI issue as a thin client of rivetd (crate `rivet-api`). Every other
-//! command gets a spec error on stdout and exit status 1.
+//! A thin client of rivetd: every verb becomes one request on the agent's
+//! unix socket (default /run/rivet/rivetd.sock, or the config's `socket`).
+//! One function per verb; errors are spec JSON on stdout with exit status 1,
+//! logs go to stderr. When the agent is down, ADD fails fast with code 11,
+//! STATUS reports 50, and DEL still succeeds after removing what it can
+//! locally (the agent reconciles the rest when it returns).
 
-use std::{io::Write as _, process::ExitCode};
+mod conf;
+mod delegate;
+mod local;
+mod result;
+mod skel;
 
-/// CNI spec versions this plugin speaks.
-const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
-const CURRENT_VERSION: &str = "1.1.0";
+use std::{
+    io::{Read as _, Write as _},
+    os::unix::fs::MetadataExt as _,
+    process::ExitCode,
+    time::Duration,
+};
 
-fn print_json(value: &serde_json::Value) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{value}");
-}
+use conf::{NetConf, parse_cni_args};
+use rivet_api::{
+    Client, ClientError, EndpointCheck, EndpointRef, EndpointSpec, ErrorKind, GcRequest, Request,
+    Response,
+};
+use skel::{Args, CniError, Command, code};
 
-fn error(code: u32, msg: &str, details: &str) -> ExitCode {
-    print_json(&serde_json::json!({
-        "cniVersion": CURRENT_VERSION,
-        "code": code,
-        "msg": msg,
-        "details": details,
-    }));
-    ExitCode::FAILURE
-}
+/// Bound on every exchange with the agent. ADDs are serialized in the agent,
+/// so under a storm one may wait for others; it never waits forever.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
-    match std::env::var("CNI_COMMAND").as_deref() {
-        Ok("VERSION") => {
-            print_json(&serde_json::json!({
-                "cniVersion": CURRENT_VERSION,
-                "supportedVersions": SUPPORTED_VERSIONS,
-            }));
+    let get = |k: &str| std::env::var(k).ok();
+    let mut stdin = Vec::new();
+    let outcome = skel::parse_env(&get).and_then(|args| {
+        if args.command != Command::Version {
+            std::io::stdin()
+                .take(skel::MAX_STDIN + 1)
+                .read_to_end(&mut stdin)
+                .map_err(|e| CniError::new(code::IO, "reading stdin", e.to_string()))?;
+            if stdin.len() as u64 > skel::MAX_STDIN {
+                return Err(CniError::new(
+                    code::DECODE,
+                    "network configuration too large",
+                    format!("more than {} bytes on stdin", skel::MAX_STDIN),
+                ));
+            }
+        }
+        run(&args, &stdin)
+    });
+    let version = NetConf::version_of(&stdin).unwrap_or_else(|| skel::CURRENT_VERSION.to_owned());
+    let mut out = std::io::stdout().lock();
+    match outcome {
+        Ok(Some(value)) => {
+            let _ = writeln!(out, "{value}");
             ExitCode::SUCCESS
         }
-        Ok(cmd @ ("ADD" | "DEL" | "CHECK" | "STATUS" | "GC")) => error(
-            50,
-            "plugin not available",
-            &format!("CNI_COMMAND {cmd} is not implemented by this rivet-cni build"),
-        ),
-        Ok(other) => error(
-            4,
-            "invalid CNI_COMMAND",
-            &format!("unknown CNI_COMMAND {other:?}"),
-        ),
-        Err(_) => {
-            eprintln!(
-                "rivet-cni: a CNI plugin; run by a container runtime with CNI_COMMAND set. \
-                 CNI protocol versions supported: {}",
-                SUPPORTED_VERSIONS.join(", ")
-            );
-            error(4, "required env variables [CNI_COMMAND] missing", "")
+        Ok(None) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rivet-cni: {e}");
+            let _ = writeln!(out, "{}", e.to_json(&version));
+            ExitCode::FAILURE
         }
     }
+}
+
+fn run(args: &Args, stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
+    if args.command == Command::Version {
+        return Ok(Some(skel::version_json()));
+    }
+    let conf = NetConf::parse(stdin)?;
+    skel::check_version(args.command, &conf.cni_version)?;
+    let client = Client::new(conf.socket()).with_timeout(AGENT_TIMEOUT);
+    match args.command {
+        Command::Add => cmd_add(args, &conf, stdin, &client).map(Some),
+        Command::Del => cmd_del(args, &conf, stdin, &client).map(|()| None),
+        Command::Check => cmd_check(args, &conf, stdin, &client).map(|()| None),
+        Command::Status => cmd_status(args, &conf, stdin, &client).map(|()| None),
+        Command::Gc => cmd_gc(args, &conf, stdin, &client).map(|()| None),
+        Command::Version => Ok(Some(skel::version_json())),
+    }
+}
+
+/// Maps a failed agent call to a CNI error.
+fn agent_error(e: ClientError) -> CniError {
+    match e {
+        ClientError::Connect { path, source } => CniError::new(
+            code::TRY_AGAIN,
+            "rivetd is not reachable; try again later",
+            format!("{}: {source}", path.display()),
+        ),
+        ClientError::Io { path, source } => CniError::new(
+            code::TRY_AGAIN,
+            "rivetd did not answer; try again later",
+            format!("{}: {source}", path.display()),
+        ),
+        ClientError::Decode { path, source } => CniError::new(
+            code::INTERNAL,
+            "invalid answer from rivetd",
+            format!("{}: {source}", path.display()),
+        ),
+        ClientError::Api(e) => {
+            let code = match e.kind {
+                ErrorKind::BadRequest => code::INVALID_CONFIG,
+                ErrorKind::Conflict => code::CONFLICT,
+                ErrorKind::NotFound => code::INVALID_NETNS,
+                ErrorKind::Exhausted => code::POOL_EXHAUSTED,
+                ErrorKind::Missing => code::CHECK_FAILED,
+                ErrorKind::Internal => code::INTERNAL,
+            };
+            CniError::new(code, e.message, "")
+        }
+    }
+}
+
+/// ADD and DEL must not act on the plugin's own namespace (CNI-16): checked
+/// before anything is touched.
+fn refuse_own_netns(args: &Args) -> Result<(), CniError> {
+    let Some(ns) = &args.netns else {
+        return Ok(());
+    };
+    if args.netns_override {
+        return Ok(());
+    }
+    let (Ok(target), Ok(own)) = (
+        std::fs::metadata(ns),
+        std::fs::metadata("/proc/self/ns/net"),
+    ) else {
+        return Ok(());
+    };
+    if target.dev() == own.dev() && target.ino() == own.ino() {
+        return Err(CniError::new(
+            code::INVALID_NETNS,
+            "CNI_NETNS is the plugin's own network namespace",
+            ns.clone(),
+        ));
+    }
+    Ok(())
+}
+
+fn cmd_add(
+    args: &Args,
+    conf: &NetConf,
+    stdin: &[u8],
+    client: &Client,
+) -> Result<serde_json::Value, CniError> {
+    refuse_own_netns(args)?;
+    let netns = args.netns.clone().unwrap_or_default();
+    if !std::path::Path::new(&netns).exists() {
+        return Err(CniError::new(
+            code::INVALID_NETNS,
+            format!("network namespace {netns} does not exist"),
+            "",
+        ));
+    }
+    let cni_args = parse_cni_args(&args.cni_args)?;
+    let port_mappings = conf.port_mappings()?;
+    let routes = conf.routes()?;
+    let requested = cni_args.ip.or(conf.requested_ip()?);
+
+    // Delegated IPAM chooses the address; rivet's IPAM is the agent.
+    let delegated = conf.delegated_ipam();
+    let ip = match delegated {
+        Some(name) => {
+            let res = delegate::run(name, "ADD", args, stdin)?;
+            Some(result::ipam_address(&res).ok_or_else(|| {
+                CniError::new(
+                    code::INTERNAL,
+                    format!("IPAM plugin {name} returned no IPv4 address"),
+                    res.to_string(),
+                )
+            })?)
+        }
+        None => requested,
+    };
+    let spec = EndpointSpec {
+        ifname: args.ifname.clone(),
+        ip,
+        ranges: if delegated.is_some() {
+            Vec::new()
+        } else {
+            conf.ranges()
+        },
+        pod: cni_args.pod,
+        port_mappings,
+        bandwidth: conf.bandwidth(),
+        routes,
+        ..EndpointSpec::new(&args.container_id, &netns)
+    };
+    let response = client.call(&Request::EndpointAdd(spec));
+    let ep = match response {
+        Ok(Response::Endpoint(ep)) => ep,
+        other => {
+            // Release what the delegated plugin reserved before failing.
+            if let Some(name) = delegated
+                && let Err(e) = delegate::run(name, "DEL", args, stdin)
+            {
+                eprintln!("rivet-cni: releasing the delegated lease: {e}");
+            }
+            return Err(match other {
+                Err(e) => agent_error(e),
+                Ok(r) => CniError::new(
+                    code::INTERNAL,
+                    "unexpected answer from rivetd",
+                    format!("{r:?}"),
+                ),
+            });
+        }
+    };
+    Ok(result::add_result(
+        &conf.cni_version,
+        &ep,
+        &conf.routes()?,
+        conf.dns.as_ref(),
+        conf.prev_result.as_ref(),
+    ))
+}
+
+fn cmd_del(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
+    refuse_own_netns(args)?;
+    let r = EndpointRef::new(&args.container_id, &args.ifname);
+    match client.call(&Request::EndpointDel(r)) {
+        Ok(_) => {}
+        Err(ClientError::Connect { path, source }) => {
+            // The agent is down (or not yet up after a reboot): remove the
+            // veth ourselves; the agent releases the lease when it returns.
+            let host = rivet_api::host_ifname(&args.container_id, &args.ifname);
+            match local::delete_link(&host) {
+                Ok(existed) => eprintln!(
+                    "rivet-cni: rivetd unreachable at {} ({source}); {} {host} locally",
+                    path.display(),
+                    if existed { "deleted" } else { "no veth" }
+                ),
+                Err(e) => {
+                    return Err(CniError::new(
+                        code::TRY_AGAIN,
+                        "rivetd is not reachable and the local cleanup failed",
+                        format!("deleting {host}: {e}"),
+                    ));
+                }
+            }
+        }
+        Err(e) => return Err(agent_error(e)),
+    }
+    if let Some(name) = conf.delegated_ipam() {
+        delegate::run(name, "DEL", args, stdin)?;
+    }
+    Ok(())
+}
+
+fn cmd_check(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            "CHECK needs prevResult",
+            "the runtime must pass the ADD result",
+        )
+    })?;
+    let ip = result::ip_of(prev, &args.ifname);
+    match client.call(&Request::EndpointCheck(EndpointCheck {
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+        ip,
+    })) {
+        Ok(Response::Checked {}) => {}
+        Ok(r) => {
+            return Err(CniError::new(
+                code::INTERNAL,
+                "unexpected answer from rivetd",
+                format!("{r:?}"),
+            ));
+        }
+        Err(e) => return Err(agent_error(e)),
+    }
+    if let Some(name) = conf.delegated_ipam() {
+        delegate::run(name, "CHECK", args, stdin)?;
+    }
+    Ok(())
+}
+
+fn cmd_status(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
+    let status = match client.call(&Request::Status {}) {
+        Ok(Response::Status(s)) => s,
+        Ok(r) => {
+            return Err(CniError::new(
+                code::NOT_AVAILABLE,
+                "unexpected answer from rivetd",
+                format!("{r:?}"),
+            ));
+        }
+        Err(e) => {
+            return Err(CniError::new(
+                code::NOT_AVAILABLE,
+                "rivetd is not available",
+                e.to_string(),
+            ));
+        }
+    };
+    if conf.delegated_ipam().is_none() && status.pool.free() == 0 {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "no IP addresses available",
+            format!(
+                "the pool of {} ({} addresses) is exhausted",
+                status.pod_cidr, status.pool.size
+            ),
+        ));
+    }
+    if let Some(name) = conf.delegated_ipam()
+        && let Err(e) = delegate::run(name, "STATUS", args, stdin)
+    {
+        // Plugins without STATUS (host-local, static) answer "unsupported".
+        if e.code != code::INCOMPATIBLE_VERSION && e.code != code::INVALID_ENV {
+            return Err(CniError::new(code::NOT_AVAILABLE, e.msg, e.details));
+        }
+    }
+    Ok(())
+}
+
+fn cmd_gc(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
+    match client.call(&Request::Gc(GcRequest {
+        valid: conf.gc_keep(),
+    })) {
+        Ok(_) => {}
+        Err(e) => return Err(agent_error(e)),
+    }
+    if let Some(name) = conf.delegated_ipam()
+        && let Err(e) = delegate::run(name, "GC", args, stdin)
+        && e.code != code::INCOMPATIBLE_VERSION
+        && e.code != code::INVALID_ENV
+    {
+        return Err(e);
+    }
+    Ok(())
 }

@@ -25,6 +25,8 @@ pub struct AgentArgs {
     pub socket: PathBuf,
     /// Log file.
     pub log: PathBuf,
+    /// Extra environment (test hooks such as `RIVET_FAIL_ADD_AT`).
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentArgs {
@@ -46,6 +48,7 @@ impl AgentArgs {
         if let Some(u) = &self.uplink {
             cmd.arg("--uplink").arg(u);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

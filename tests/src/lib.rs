@@ -15,6 +15,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod cni;
 pub mod netns;
 pub mod packet;
 pub mod traffic;

@@ -74,6 +74,86 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Host-side pod veths (`rv…`) present in the node namespace.
+    pub fn veths(&self) -> Vec<String> {
+        self.ns
+            .run("ip", &["-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+            .filter(|n| rivet::endpoint::is_rivet_veth(n))
+            .collect()
+    }
+
+    /// Link pins of pod veths (the uplink's excluded).
+    pub fn pod_link_pins(&self) -> Vec<String> {
+        rivet::pins::PinLayout::new(self.pin_dir())
+            .link_pins()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.ends_with("-eth0"))
+            .collect()
+    }
+
+    /// Endpoint records (leases) on disk, including pending ones.
+    pub fn records(&self) -> Vec<String> {
+        std::fs::read_dir(self.agent_args.state_dir.join("endpoints"))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Addresses in the pinned endpoints map.
+    pub fn map_entries(&self) -> Vec<Ipv4Addr> {
+        use aya::maps::{HashMap, Map, MapData};
+        use rivet_common::{EndpointInfo, EndpointKey};
+        let path = rivet::pins::PinLayout::new(self.pin_dir()).map("ENDPOINTS");
+        let Ok(data) = MapData::from_pin(&path) else {
+            return Vec::new();
+        };
+        let Ok(map) = HashMap::<MapData, EndpointKey, EndpointInfo>::try_from(Map::HashMap(data))
+        else {
+            return Vec::new();
+        };
+        let mut v: Vec<Ipv4Addr> = map
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Asserts the node holds no pod state at all: no pod veth, no pod link
+    /// pin, no record, no map entry, no /32 route to a pod.
+    pub fn assert_no_pod_state(&self, what: &str) {
+        assert_eq!(self.veths(), Vec::<String>::new(), "{what}: veths left");
+        assert_eq!(
+            self.pod_link_pins(),
+            Vec::<String>::new(),
+            "{what}: link pins left"
+        );
+        assert_eq!(self.records(), Vec::<String>::new(), "{what}: records left");
+        assert_eq!(
+            self.map_entries(),
+            Vec::<Ipv4Addr>::new(),
+            "{what}: map entries left"
+        );
+        let routes = self.ns.run("ip", &["-4", "route", "show", "dev", "eth0"]);
+        let all = self.ns.run("ip", &["-4", "route", "show"]);
+        let pod_routes: Vec<&str> = all.lines().filter(|l| l.contains(" dev rv")).collect();
+        assert!(
+            pod_routes.is_empty(),
+            "{what}: routes left: {pod_routes:?} ({routes})"
+        );
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         if let Some(agent) = &mut self.agent {
@@ -153,11 +233,18 @@ impl World {
     /// (1-based) gets 192.168.k.(10+i) and pod CIDR 10.k.i.0/24.
     pub fn add_node(&mut self) -> usize {
         let i = self.nodes.len() + 1;
+        let cidr = format!("10.{}.{i}.0/24", self.k);
+        self.add_node_with_cidr(&cidr)
+    }
+
+    /// Adds a node with a given pod CIDR (no agent yet).
+    pub fn add_node_with_cidr(&mut self, pod_cidr: &str) -> usize {
+        let i = self.nodes.len() + 1;
         let name = format!("{}-n{i}", self.prefix);
         let ns = Netns::new(name.clone());
         let ip = Ipv4Addr::new(192, 168, self.k, 10 + i as u8);
         self.plug(&ns, &format!("n{i}"), ip);
-        let pod_cidr = format!("10.{}.{i}.0/24", self.k);
+        let pod_cidr = pod_cidr.to_owned();
         let agent_args = AgentArgs {
             node_name: name.clone(),
             netns: ns.path(),
@@ -166,6 +253,7 @@ impl World {
             state_dir: self.dir.join(format!("n{i}-state")),
             socket: self.dir.join(format!("n{i}.sock")),
             log: self.dir.join(format!("n{i}.log")),
+            env: Vec::new(),
         };
         self.nodes.push(Node {
             name,

@@ -112,21 +112,7 @@ pub const FAULT_STEPS: [&str; 6] = [
     "after_attach",
 ];
 
-/// Host-side veth name for an attachment: `rv` + 13 hex digits of a stable
-/// hash of (container ID, ifname). 15 bytes, the IFNAMSIZ limit.
-pub fn host_ifname(container_id: &str, ifname: &str) -> String {
-    // FNV-1a 64: stable across releases and platforms.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in container_id
-        .bytes()
-        .chain(std::iter::once(0))
-        .chain(ifname.bytes())
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("rv{:013x}", h & 0x000f_ffff_ffff_ffff)
-}
+pub use rivet_api::host_ifname;
 
 /// Container IDs as libcni validates them: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
 pub fn validate_container_id(id: &str) -> Result<(), String> {
@@ -237,6 +223,7 @@ async fn configure_pod_side(
     ifname: String,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
+    routes: Vec<Ipv4Net>,
 ) -> Result<[u8; 6], EndpointError> {
     if let Some(lo) = nl.link_by_name("lo").await? {
         nl.set_up(lo.index, "lo").await?;
@@ -250,6 +237,10 @@ async fn configure_pod_side(
     nl.set_up(link.index, &ifname).await?;
     nl.add_link_route(gateway, 32, link.index, &ifname).await?;
     nl.add_default_route(gateway, link.index, &ifname).await?;
+    for r in routes {
+        nl.add_route_via(r.network(), r.prefix_len(), gateway, link.index, &ifname)
+            .await?;
+    }
     Ok(link.mac)
 }
 
@@ -259,6 +250,7 @@ async fn check_pod_side(
     ifname: String,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
+    extra: Vec<Ipv4Net>,
 ) -> Result<(), EndpointError> {
     let link = nl.link_by_name(&ifname).await?.ok_or_else(|| {
         EndpointError::Missing(format!("interface {ifname} is missing in the pod netns"))
@@ -285,7 +277,36 @@ async fn check_pod_side(
             "default route via {gateway} dev {ifname} is missing in the pod netns"
         )));
     }
+    for want in extra {
+        if !routes.iter().any(|r| {
+            r.dst == want.network() && r.prefix == want.prefix_len() && r.gateway == Some(gateway)
+        }) {
+            return Err(EndpointError::Missing(format!(
+                "route {want} via {gateway} is missing in the pod netns"
+            )));
+        }
+    }
     Ok(())
+}
+
+/// Parses the extra pod routes of a request or record (default routes are
+/// implied and skipped).
+fn parse_routes(routes: &[String]) -> Result<Vec<Ipv4Net>, EndpointError> {
+    routes
+        .iter()
+        .map(|r| {
+            let net: Ipv4Net = r.parse().map_err(|_| {
+                EndpointError::BadRequest(format!("route {r:?} is not an IPv4 CIDR"))
+            })?;
+            if net.network() != net.addr() {
+                return Err(EndpointError::BadRequest(format!(
+                    "route {r:?} has host bits set"
+                )));
+            }
+            Ok(net)
+        })
+        .filter(|r| !matches!(r, Ok(n) if n.prefix_len() == 0))
+        .collect()
 }
 
 /// rivet is IPv4-only: no link-local addresses, no DAD, no router
@@ -445,6 +466,7 @@ impl Endpoints {
             )));
         }
         validate_port_mappings(&spec.port_mappings, local)?;
+        parse_routes(&spec.routes)?;
         for (i, a) in spec.port_mappings.iter().enumerate() {
             if spec.port_mappings[i + 1..]
                 .iter()
@@ -513,6 +535,7 @@ impl Endpoints {
             pod: spec.pod.clone(),
             port_mappings: spec.port_mappings.clone(),
             bandwidth: spec.bandwidth.clone(),
+            routes: spec.routes.clone(),
             created: now_secs(),
         };
 
@@ -569,8 +592,9 @@ impl Endpoints {
         self.fault("after_veth")?;
 
         let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
+        let routes = parse_routes(&ep.routes)?;
         let pod_mac = in_netns(PathBuf::from(&ep.netns), move |nl| {
-            configure_pod_side(nl, ifname, ip, gateway)
+            configure_pod_side(nl, ifname, ip, gateway, routes)
         })
         .await?;
         self.fault("after_pod_side")?;
@@ -712,7 +736,11 @@ impl Endpoints {
             return missing(format!("pod netns {} is missing", ep.netns));
         }
         let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
-        in_netns(path, move |nl| check_pod_side(nl, ifname, ip, gateway)).await
+        let extra = parse_routes(&ep.routes)?;
+        in_netns(path, move |nl| {
+            check_pod_side(nl, ifname, ip, gateway, extra)
+        })
+        .await
     }
 
     fn map_entry(&self, ep: &Endpoint) -> Result<EndpointInfo, EndpointError> {

@@ -340,6 +340,30 @@ impl Netlink {
             )))
     }
 
+    /// `ip route add <dst>/<len> via <gw> dev <index>`.
+    pub async fn add_route_via(
+        &self,
+        dst: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+        index: u32,
+        name: &str,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst, prefix)
+            .gateway(gateway)
+            .output_interface(index)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(ctx(format!(
+                "adding route {dst}/{prefix} via {gateway} dev {name}"
+            )))
+    }
+
     /// Permanent neighbour entry `ip lladdr mac dev index`.
     pub async fn add_permanent_neighbour(
         &self,

@@ -21,6 +21,23 @@ pub const DEFAULT_SOCKET: &str = "/run/rivet/rivetd.sock";
 /// Largest request or response the agent accepts.
 pub const MAX_MESSAGE: u64 = 4 << 20;
 
+/// Host-side veth name of an attachment: `rv` + 13 hex digits of FNV-1a-64
+/// over (container ID, NUL, ifname) — 15 bytes, the IFNAMSIZ limit. Stable
+/// across releases: the agent and the CNI plugin (for DEL without the agent)
+/// both derive it.
+pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in container_id
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(ifname.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("rv{:013x}", h & 0x000f_ffff_ffff_ffff)
+}
+
 /// Default interface name inside the pod.
 pub fn default_ifname() -> String {
     "eth0".to_owned()
@@ -29,6 +46,10 @@ pub fn default_ifname() -> String {
 /// What a client asks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a message decoded once per connection; boxing buys nothing"
+)]
 pub enum Request {
     /// Create a pod attachment: address, veth, routes, map entry, program.
     EndpointAdd(EndpointSpec),
@@ -74,6 +95,9 @@ pub struct EndpointSpec {
     /// Traffic shaping (CNI `bandwidth` capability).
     #[serde(default)]
     pub bandwidth: Option<Bandwidth>,
+    /// Extra routes (CIDRs) for the pod, via its gateway.
+    #[serde(default)]
+    pub routes: Vec<String>,
 }
 
 impl EndpointSpec {
@@ -88,6 +112,7 @@ impl EndpointSpec {
             pod: None,
             port_mappings: Vec::new(),
             bandwidth: None,
+            routes: Vec::new(),
         }
     }
 
@@ -257,6 +282,9 @@ pub struct Endpoint {
     /// Traffic shaping.
     #[serde(default)]
     pub bandwidth: Option<Bandwidth>,
+    /// Extra routes (CIDRs) in the pod, via its gateway.
+    #[serde(default)]
+    pub routes: Vec<String>,
     /// When the record was created (seconds since the epoch).
     #[serde(default)]
     pub created: u64,
@@ -547,6 +575,22 @@ mod tests {
                 r#"{"hostPort":80,"containerPort":80,"protocol":"icmp"}"#
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn host_ifnames_are_stable() {
+        // Pinned values: changing the derivation would orphan every veth of
+        // an upgraded node.
+        assert_eq!(host_ifname("abc", "eth0").len(), 15);
+        assert_eq!(host_ifname("abc", "eth0"), host_ifname("abc", "eth0"));
+        assert_ne!(host_ifname("abc", "eth0"), host_ifname("ab", "ceth0"));
+        assert_eq!(
+            host_ifname("", ""),
+            format!(
+                "rv{:013x}",
+                0xaf63_bd4c_8601_b7df_u64 & 0x000f_ffff_ffff_ffff
+            )
         );
     }
 
