@@ -522,6 +522,14 @@ impl Client {
             .take(MAX_MESSAGE)
             .read_to_end(&mut answer)
             .map_err(io)?;
+        if answer.is_empty() {
+            // The agent went away mid-request (crash, kill): nothing was
+            // answered, so the caller may try again.
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed without an answer",
+            )));
+        }
         let response: Response =
             serde_json::from_slice(&answer).map_err(|source| ClientError::Decode {
                 path: self.path.clone(),
