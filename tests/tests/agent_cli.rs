@@ -237,3 +237,69 @@ fn cni_plugin_answers_version() {
     let e: serde_json::Value = serde_json::from_slice(&out.stdout).expect("error json on stdout");
     assert_eq!(e["code"], 4);
 }
+
+#[test]
+fn install_cni_writes_binary_and_conflist_atomically() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let dir = std::env::temp_dir().join(format!("rivet-install-{}", rivet_tests::unique_prefix()));
+    let (bin_dir, conf_dir) = (dir.join("bin"), dir.join("net.d"));
+    let install = || {
+        run({
+            let mut c = Command::new(bin("rivetctl"));
+            c.args([
+                "--socket",
+                "/run/rivet/test.sock",
+                "install-cni",
+                "--bin-dir",
+            ])
+            .arg(&bin_dir)
+            .arg("--conf-dir")
+            .arg(&conf_dir);
+            c
+        })
+    };
+    for round in 0..2 {
+        let out = install();
+        assert!(out.status.success(), "install #{round}: {}", stderr(&out));
+    }
+    let plugin = bin_dir.join("rivet-cni");
+    let meta = std::fs::metadata(&plugin).expect("plugin installed");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+    assert_eq!((meta.uid(), meta.gid()), (0, 0));
+    let version = run({
+        let mut c = Command::new(&plugin);
+        c.env("CNI_COMMAND", "VERSION");
+        c
+    });
+    assert!(version.status.success(), "installed binary runs");
+    let conf_path = conf_dir.join("10-rivet.conflist");
+    let meta = std::fs::metadata(&conf_path).expect("conflist installed");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+    let conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&conf_path).expect("read")).expect("json");
+    assert_eq!(conf["plugins"][0]["type"], "rivet-cni");
+    assert_eq!(conf["plugins"][0]["socket"], "/run/rivet/test.sock");
+    assert_eq!(conf["plugins"][0]["capabilities"]["portMappings"], true);
+    // No temporary files left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&bin_dir)
+        .expect("ls")
+        .chain(std::fs::read_dir(&conf_dir).expect("ls"))
+        .count()
+        .to_string()
+        .chars()
+        .collect();
+    assert_eq!(leftovers, vec!['2']);
+    for round in 0..2 {
+        let out = run({
+            let mut c = Command::new(bin("rivetctl"));
+            c.args(["install-cni", "--uninstall", "--bin-dir"])
+                .arg(&bin_dir)
+                .arg("--conf-dir")
+                .arg(&conf_dir);
+            c
+        });
+        assert!(out.status.success(), "uninstall #{round}: {}", stderr(&out));
+    }
+    assert!(!plugin.exists() && !conf_path.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

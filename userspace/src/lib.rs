@@ -11,12 +11,14 @@
 //! | [`endpoint`] | plumbing pods in and out, with rollback; leases, CHECK, GC |
 //! | [`ipam`] | choosing pod addresses (ranges, round-robin) |
 //! | [`store`] | crash-safe records |
+//! | [`install`] | CNI binary + conflist onto a node |
 //! | [`agent`] | the agent: start-up, API server, reconciliation |
 
 pub mod agent;
 pub mod config;
 pub mod datapath;
 pub mod endpoint;
+pub mod install;
 pub mod ipam;
 pub mod netlink;
 pub mod netns;

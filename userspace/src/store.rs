@@ -46,6 +46,13 @@ pub fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 
 /// Writes `bytes` to `path` atomically (temp + fsync + rename + dir fsync), mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+/// Like [`write_atomic`] with the given file mode. A running copy of the old
+/// file (an executing binary) is never modified in place: readers see the
+/// old inode or the new one.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -57,9 +64,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(mode)
             .open(&tmp)
             .map_err(err("creating", &tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(err("chmod", &tmp))?;
         f.write_all(bytes).map_err(err("writing", &tmp))?;
         f.sync_all().map_err(err("syncing", &tmp))?;
     }

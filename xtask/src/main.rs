@@ -68,6 +68,28 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Build, then install rivet-cni and its conflist on this machine
+    /// (`rivetctl install-cni`; paths configurable).
+    Install {
+        /// CNI binary directory.
+        #[arg(long, default_value = "/opt/cni/bin")]
+        bin_dir: String,
+        /// CNI configuration directory.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        conf_dir: String,
+        /// Agent socket named in the conflist.
+        #[arg(long, default_value = "/run/rivet/rivetd.sock")]
+        socket: String,
+    },
+    /// Remove what `install` wrote.
+    Uninstall {
+        /// CNI binary directory.
+        #[arg(long, default_value = "/opt/cni/bin")]
+        bin_dir: String,
+        /// CNI configuration directory.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        conf_dir: String,
+    },
     /// Benchmarks (see BENCHMARKS.md).
     Bench {
         /// Arguments for the bench runner (e.g. `same-node --pairs 5`).
@@ -189,6 +211,33 @@ fn run(cmd: Cmd) -> Result<()> {
                 cmd.arg("--keep");
             }
             run_cmd(&mut cmd)
+        }
+        Cmd::Install {
+            bin_dir,
+            conf_dir,
+            socket,
+        } => {
+            build()?;
+            run_cmd(Command::new(root().join("target/release/rivetctl")).args([
+                "--socket",
+                &socket,
+                "install-cni",
+                "--bin-dir",
+                &bin_dir,
+                "--conf-dir",
+                &conf_dir,
+            ]))
+        }
+        Cmd::Uninstall { bin_dir, conf_dir } => {
+            build()?;
+            run_cmd(Command::new(root().join("target/release/rivetctl")).args([
+                "install-cni",
+                "--uninstall",
+                "--bin-dir",
+                &bin_dir,
+                "--conf-dir",
+                &conf_dir,
+            ]))
         }
         Cmd::Bench { args } => {
             build()?;

@@ -21,6 +21,9 @@ const APT_PACKAGES: &[&str] = &[
     "sockperf",
     "netcat-openbsd",
     "containernetworking-plugins",
+    "podman",
+    "runc",
+    "busybox-static",
 ];
 
 /// The bpf-linker release that matches aya-ebpf 0.2.1 and LLVM 22.

@@ -45,6 +45,24 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Install rivet-cni and its conflist on this node (or remove them).
+    InstallCni {
+        /// The rivet-cni binary (default: next to rivetctl).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// CNI binary directory.
+        #[arg(long, default_value = rivet::install::DEFAULT_BIN_DIR)]
+        bin_dir: PathBuf,
+        /// CNI configuration directory.
+        #[arg(long, default_value = rivet::install::DEFAULT_CONF_DIR)]
+        conf_dir: PathBuf,
+        /// Network name in the conflist.
+        #[arg(long, default_value = "rivet")]
+        network: String,
+        /// Remove instead of install.
+        #[arg(long)]
+        uninstall: bool,
+    },
     /// Print the rivetctl version.
     Version,
 }
@@ -102,6 +120,38 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let request = match &cli.command {
         Command::Version => {
             println!("rivetctl {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+        Command::InstallCni {
+            binary,
+            bin_dir,
+            conf_dir,
+            network,
+            uninstall,
+        } => {
+            if *uninstall {
+                for p in rivet::install::uninstall(bin_dir, conf_dir)? {
+                    println!("removed {}", p.display());
+                }
+                return Ok(());
+            }
+            let binary = match binary {
+                Some(b) => b.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("rivet-cni"))
+                    .ok_or("cannot locate rivet-cni next to rivetctl")?,
+            };
+            let plan = rivet::install::InstallPlan {
+                binary,
+                bin_dir: bin_dir.clone(),
+                conf_dir: conf_dir.clone(),
+                socket: cli.socket.clone(),
+                network: network.clone(),
+            };
+            for p in rivet::install::install(&plan)? {
+                println!("installed {}", p.display());
+            }
             return Ok(());
         }
         Command::Status => Request::Status {},
