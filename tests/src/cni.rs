@@ -239,6 +239,16 @@ pub fn rivet_conf(version: &str, socket: &Path) -> Value {
     })
 }
 
+/// The first address of a result (`ips[0].address` without the prefix).
+pub fn result_ip(r: &Value) -> Option<std::net::Ipv4Addr> {
+    r["ips"][0]["address"]
+        .as_str()?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// `conf` with `key` set to `value`.
 pub fn with(mut conf: Value, key: &str, value: Value) -> Value {
     conf[key] = value;

@@ -192,6 +192,39 @@ impl Rollback {
     }
 }
 
+/// Durations of the steps of one operation, for the debug log.
+struct Timeline {
+    last: std::time::Instant,
+    steps: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Timeline {
+    fn start() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            steps: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, step: &'static str) {
+        let now = std::time::Instant::now();
+        self.steps.push((step, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Timeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (step, d)) in self.steps.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{step}={:.2}ms", d.as_secs_f64() * 1e3)?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `f` with a netlink socket inside the namespace at `path`, on a
 /// dedicated thread with its own single-threaded runtime.
 async fn in_netns<T, F, Fut>(path: PathBuf, f: F) -> Result<T, EndpointError>
@@ -438,7 +471,10 @@ impl Endpoints {
         None
     }
 
-    fn fault(&self, step: &str) -> Result<(), EndpointError> {
+    /// Marks the end of an ADD step: records its duration and injects the
+    /// test fault if one is configured for it.
+    fn step(&self, step: &'static str, timeline: &mut Timeline) -> Result<(), EndpointError> {
+        timeline.mark(step);
         if self.settings.fail_at.as_deref() == Some(step) {
             return Err(EndpointError::Injected(step.to_owned()));
         }
@@ -561,12 +597,13 @@ impl Endpoints {
         rollback: &mut Rollback,
     ) -> Result<Endpoint, EndpointError> {
         let host = ep.host_ifname.clone();
+        let mut timeline = Timeline::start();
         // The lease: persisted before anything is plumbed.
         self.store.save(&host, &ep)?;
         rollback.record = Some(host.clone());
         self.by_ref
             .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
-        self.fault("after_reserve")?;
+        self.step("after_reserve", &mut timeline)?;
 
         // A host veth with our derived name but no ready record is a leftover
         // of a crash between veth creation and persisting: it is ours.
@@ -589,7 +626,7 @@ impl Endpoints {
             .await?
             .ok_or_else(|| EndpointError::Other(format!("veth {host} vanished after creation")))?;
         rollback.veth = Some((host_link.index, host.clone()));
-        self.fault("after_veth")?;
+        self.step("after_veth", &mut timeline)?;
 
         let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
         let routes = parse_routes(&ep.routes)?;
@@ -597,14 +634,14 @@ impl Endpoints {
             configure_pod_side(nl, ifname, ip, gateway, routes)
         })
         .await?;
-        self.fault("after_pod_side")?;
+        self.step("after_pod_side", &mut timeline)?;
 
         disable_ipv6(&host);
         nl.set_up(host_link.index, &host).await?;
         nl.add_link_route(ep.ip, 32, host_link.index, &host).await?;
         nl.add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac)
             .await?;
-        self.fault("after_host_side")?;
+        self.step("after_host_side", &mut timeline)?;
 
         dp.put_endpoint(
             ep.ip,
@@ -616,16 +653,18 @@ impl Endpoints {
             },
         )?;
         rollback.map_ip = Some(ep.ip);
-        self.fault("after_map")?;
+        self.step("after_map", &mut timeline)?;
         dp.attach(program_names::FROM_POD, &host, Hook::Ingress)?;
         rollback.link = Some(host.clone());
-        self.fault("after_attach")?;
+        self.step("after_attach", &mut timeline)?;
 
         ep.mac = format_mac(&pod_mac);
         ep.host_ifindex = host_link.index;
         ep.host_mac = format_mac(&host_link.mac);
         ep.state = EndpointState::Ready;
         self.store.save(&host, &ep)?;
+        timeline.mark("ready_record");
+        tracing::debug!(host = %host, timing = %timeline, "endpoint add steps");
         self.by_ref
             .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
         Ok(ep)

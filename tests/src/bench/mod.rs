@@ -11,6 +11,27 @@ use std::{
 
 use serde::Serialize;
 
+pub mod cni;
+pub mod same_node;
+
+/// Sizes of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Interleaved measured rounds.
+    pub rounds: u32,
+    /// Seconds per throughput sample.
+    pub secs: u32,
+    /// Pods per CNI measurement.
+    pub pods: usize,
+}
+
+/// One-line progress on stderr (overwritten in place).
+pub fn progress(text: &str) {
+    use std::io::Write as _;
+    eprint!("\r\x1b[2K{text}");
+    let _ = std::io::stderr().flush();
+}
+
 /// Samples of one metric for one variant.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Series {

@@ -1,0 +1,205 @@
+//! CNI plugin speed: ADD and DEL latency for sequential pods (interleaved
+//! pod by pod between the variants) and ADD throughput with 8 concurrent
+//! runtimes' calls — rivet vs the reference bridge + host-local.
+//!
+//! Both plugins are executed the same way: fork/exec from a thread that has
+//! joined the node namespace, config on stdin, like a runtime.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use serde_json::{Value, json};
+
+use super::{Options, Report, percentile, progress};
+use crate::{
+    Netns, World,
+    cni::{Outcome, Plugin, rivet_conf},
+    unique_prefix,
+};
+
+struct Variant {
+    name: &'static str,
+    plugin: Plugin,
+    node: PathBuf,
+    conf: Value,
+    pods: Vec<Netns>,
+}
+
+impl Variant {
+    fn add(&self, i: usize) -> Outcome {
+        let (plugin, pod, conf) = (&self.plugin, self.pods[i].path(), &self.conf);
+        rivet::netns::run_in(&self.node, || plugin.add(&format!("b{i}"), &pod, conf))
+            .expect("node netns")
+    }
+
+    fn del(&self, i: usize) -> Outcome {
+        let (plugin, pod, conf) = (&self.plugin, self.pods[i].path(), &self.conf);
+        rivet::netns::run_in(&self.node, || {
+            plugin.del(&format!("b{i}"), Some(&pod), conf)
+        })
+        .expect("node netns")
+    }
+}
+
+fn timed(f: impl FnOnce() -> Outcome, what: &str) -> f64 {
+    let t = Instant::now();
+    let out = f();
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    assert!(out.ok, "{what}: {}{}", out.stdout, out.stderr);
+    ms
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options) -> Report {
+    let n = opts.pods.clamp(10, 200);
+    let prefix = unique_prefix();
+    let scratch = std::env::temp_dir().join(format!("rivet-bench-cni-{prefix}"));
+    std::fs::create_dir_all(&scratch).expect("scratch");
+
+    let mut world = World::new();
+    let node = world.add_node_with_agent();
+    let rivet_node = world.nodes[node].ns.path();
+    let mut rivet_plugin = Plugin::rivet(&rivet_node);
+    rivet_plugin.run_in = None;
+
+    let bridge_node = Netns::new(format!("{prefix}-bn"));
+    let mut bridge_plugin = Plugin::reference("bridge", &bridge_node.path());
+    bridge_plugin.run_in = None;
+
+    progress(&format!("cni: creating {} pod namespaces", 2 * n));
+    let make_pods = |tag: &str| -> Vec<Netns> {
+        (0..n)
+            .map(|i| Netns::new(format!("{prefix}-{tag}{i}")))
+            .collect()
+    };
+    let variants = Arc::new(vec![
+        Variant {
+            name: "rivet",
+            plugin: rivet_plugin,
+            node: rivet_node,
+            conf: rivet_conf("1.0.0", world.nodes[node].agent().socket()),
+            pods: make_pods("r"),
+        },
+        Variant {
+            name: "bridge",
+            plugin: bridge_plugin,
+            node: bridge_node.path(),
+            conf: json!({
+                "cniVersion": "1.0.0", "name": "benchbr", "type": "bridge", "bridge": "cni0",
+                "isGateway": true, "ipMasq": false,
+                "ipam": {"type": "host-local", "subnet": "10.251.0.0/16", "dataDir": scratch.join("host-local")},
+            }),
+            pods: make_pods("b"),
+        },
+    ]);
+
+    let mut report = Report {
+        name: "CNI ADD/DEL".into(),
+        variants: variants.iter().map(|v| v.name.to_owned()).collect(),
+        baseline: "bridge".into(),
+        ..Default::default()
+    };
+    for m in ["add_ms", "add_p99_ms", "del_ms", "del_p99_ms"] {
+        report.better.insert(m.into(), "lower".into());
+    }
+    report
+        .better
+        .insert("adds_per_s_8way".into(), "higher".into());
+    report.notes.push(format!(
+        "{n} sequential pods, ADD then DEL, interleaved pod by pod between the variants; add_ms/del_ms rows are medians of all samples"
+    ));
+    report.notes.push(
+        "adds_per_s_8way: {n} ADDs issued by 8 concurrent callers, wall-clock rate"
+            .replace("{n}", &n.to_string()),
+    );
+    report.notes.push(
+        "bridge: reference bridge + host-local from containernetworking-plugins (Debian)".into(),
+    );
+
+    let started = Instant::now();
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
+    for i in 0..n {
+        progress(&format!(
+            "cni: sequential ADD {i}/{n} [{:.0}s]",
+            started.elapsed().as_secs_f64()
+        ));
+        for (v, s) in variants.iter().zip(samples.iter_mut()) {
+            s.0.push(timed(|| v.add(i), v.name));
+        }
+    }
+    for i in 0..n {
+        progress(&format!(
+            "cni: sequential DEL {i}/{n} [{:.0}s]",
+            started.elapsed().as_secs_f64()
+        ));
+        for (v, s) in variants.iter().zip(samples.iter_mut()) {
+            s.1.push(timed(|| v.del(i), v.name));
+        }
+    }
+    for (v, (adds, dels)) in variants.iter().zip(&samples) {
+        for a in adds {
+            report.add("add_ms", v.name, *a);
+        }
+        for d in dels {
+            report.add("del_ms", v.name, *d);
+        }
+        report.add("add_p99_ms", v.name, percentile(adds, 99.0));
+        report.add("del_p99_ms", v.name, percentile(dels, 99.0));
+    }
+
+    for (vi, v) in variants.iter().enumerate() {
+        progress(&format!(
+            "cni: 8-way ADD storm, {} [{:.0}s]",
+            v.name,
+            started.elapsed().as_secs_f64()
+        ));
+        let next = Arc::new(Mutex::new(0usize));
+        let t = Instant::now();
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let (variants, next) = (Arc::clone(&variants), Arc::clone(&next));
+                std::thread::spawn(move || {
+                    loop {
+                        let i = {
+                            let mut g = next.lock().expect("lock");
+                            let i = *g;
+                            *g += 1;
+                            i
+                        };
+                        if i >= n {
+                            break;
+                        }
+                        let out = variants[vi].add(i);
+                        assert!(
+                            out.ok,
+                            "{} ADD: {}{}",
+                            variants[vi].name, out.stdout, out.stderr
+                        );
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+        report.add(
+            "adds_per_s_8way",
+            v.name,
+            n as f64 / t.elapsed().as_secs_f64(),
+        );
+        for i in 0..n {
+            let out = v.del(i);
+            assert!(out.ok, "{} DEL: {}", v.name, out.stdout);
+        }
+    }
+    progress("");
+    eprintln!("cni: done in {:.0}s", started.elapsed().as_secs_f64());
+    drop(variants);
+    drop(bridge_node);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&scratch);
+    report
+}

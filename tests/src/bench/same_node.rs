@@ -1,0 +1,191 @@
+//! Same-node pod-to-pod: rivet vs the reference bridge and ptp plugins vs a
+//! direct veth pair (the physical limit), interleaved.
+
+use std::{net::Ipv4Addr, time::Instant};
+
+use super::{Options, Report, progress};
+use crate::{
+    Netns, World,
+    cni::{Plugin, result_ip},
+    traffic::{iperf3_client, iperf3_server, ping},
+    unique_prefix,
+};
+
+/// A client/server pair of namespaces with the server's address.
+struct Pair {
+    name: &'static str,
+    client: &'static str,
+    server_ns_index: usize,
+    client_ns_index: usize,
+    server_ip: Ipv4Addr,
+}
+
+/// A pod attached by a reference plugin, to DEL at the end.
+struct CniPod {
+    plugin: &'static str,
+    id: String,
+    node: String,
+    pod: String,
+    conf: serde_json::Value,
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options) -> Report {
+    let (rounds, secs) = (opts.rounds, opts.secs);
+    let prefix = unique_prefix();
+    let dir = std::env::temp_dir().join(format!("rivet-bench-{prefix}"));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let mut spaces: Vec<Netns> = Vec::new();
+    let mut pairs: Vec<Pair> = Vec::new();
+    let mut cni_pods: Vec<CniPod> = Vec::new();
+
+    // Direct veth pair: the physical limit.
+    spaces.push(Netns::new(format!("{prefix}-va")));
+    spaces.push(Netns::new(format!("{prefix}-vb")));
+    spaces[0].ip(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        spaces[1].name(),
+    ]);
+    spaces[0].ip(&["addr", "add", "10.254.0.1/24", "dev", "eth0"]);
+    spaces[1].ip(&["addr", "add", "10.254.0.2/24", "dev", "eth0"]);
+    spaces[0].ip(&["link", "set", "eth0", "up"]);
+    spaces[1].ip(&["link", "set", "eth0", "up"]);
+    pairs.push(Pair {
+        name: "veth",
+        client: "direct veth pair",
+        client_ns_index: 0,
+        server_ns_index: 1,
+        server_ip: "10.254.0.2".parse().expect("ip"),
+    });
+
+    // Reference plugins: bridge and ptp, each on its own node with host-local.
+    for (plugin, subnet) in [("bridge", "10.253.0.0/24"), ("ptp", "10.252.0.0/24")] {
+        let node = Netns::new(format!("{prefix}-{plugin}"));
+        node.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": format!("bench{plugin}"),
+            "type": plugin,
+            "bridge": "cni0",
+            "isGateway": true,
+            "ipMasq": false,
+            "ipam": {"type": "host-local", "subnet": subnet, "dataDir": dir.join(format!("{plugin}-ipam"))},
+        });
+        let base = spaces.len();
+        let mut ips = Vec::new();
+        for side in ["a", "b"] {
+            let pod = Netns::new(format!("{prefix}-{plugin}{side}"));
+            let id = format!("{prefix}{plugin}{side}");
+            let res = Plugin::reference(plugin, &node.path())
+                .add(&id, &pod.path(), &conf)
+                .expect_ok(plugin);
+            ips.push(result_ip(&res.json).expect("address in the result"));
+            cni_pods.push(CniPod {
+                plugin,
+                id,
+                node: node.name().to_owned(),
+                pod: pod.name().to_owned(),
+                conf: conf.clone(),
+            });
+            spaces.push(pod);
+        }
+        spaces.push(node);
+        pairs.push(Pair {
+            name: plugin,
+            client: if plugin == "bridge" {
+                "reference bridge + host-local"
+            } else {
+                "reference ptp + host-local"
+            },
+            client_ns_index: base,
+            server_ns_index: base + 1,
+            server_ip: ips[1],
+        });
+    }
+
+    // rivet.
+    let mut world = World::new();
+    let n = world.add_node_with_agent();
+    let a = world.add_pod(n);
+    let b = world.add_pod(n);
+    let rivet_server_ip = world.pods[b].ip;
+
+    let mut report = Report {
+        name: "same-node pod → pod".into(),
+        variants: vec!["rivet".into(), "bridge".into(), "ptp".into(), "veth".into()],
+        baseline: "bridge".into(),
+        ..Default::default()
+    };
+    report
+        .better
+        .insert("throughput_gbps".into(), "higher".into());
+    report.better.insert("rtt_avg_ms".into(), "lower".into());
+    report.notes.push(format!(
+        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round"
+    ));
+    report
+        .notes
+        .push("rtt: ping -c 100 -i 0.005 average".into());
+    for p in &pairs {
+        report.notes.push(format!("{}: {}", p.name, p.client));
+    }
+    report
+        .notes
+        .push("rivet: rivetd + from_pod (TCX) with bpf_redirect_peer, release build".into());
+
+    let total = (rounds + 1) * 4;
+    let started = Instant::now();
+    let mut done = 0;
+    for round in 0..=rounds {
+        for variant in ["rivet", "bridge", "ptp", "veth"] {
+            done += 1;
+            progress(&format!(
+                "same-node: round {round}/{rounds} {variant:<6} [{done}/{total}, {:.0}s]",
+                started.elapsed().as_secs_f64()
+            ));
+            let (client, server, ip) = if variant == "rivet" {
+                (&world.pods[a].ns, &world.pods[b].ns, rivet_server_ip)
+            } else {
+                let p = pairs.iter().find(|p| p.name == variant).expect("pair");
+                (
+                    &spaces[p.client_ns_index],
+                    &spaces[p.server_ns_index],
+                    p.server_ip,
+                )
+            };
+            let t = if round == 0 { 1 } else { secs };
+            let srv = iperf3_server(server, 5201, Some(1));
+            let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
+            drop(srv);
+            let rtt = ping(client, ip, 100, 0.005);
+            if round > 0 {
+                report.add("throughput_gbps", variant, res.bits_per_second / 1e9);
+                if let Some(avg) = rtt.avg_ms {
+                    report.add("rtt_avg_ms", variant, avg);
+                }
+            }
+        }
+    }
+    progress("");
+    eprintln!("same-node: done in {:.0}s", started.elapsed().as_secs_f64());
+
+    for p in cni_pods {
+        let node = spaces.iter().find(|s| s.name() == p.node).expect("node ns");
+        let pod = spaces.iter().find(|s| s.name() == p.pod).expect("pod ns");
+        Plugin::reference(p.plugin, &node.path())
+            .del(&p.id, Some(&pod.path()), &p.conf)
+            .expect_ok("DEL");
+    }
+    drop(spaces);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
