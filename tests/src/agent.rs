@@ -27,6 +27,8 @@ pub struct AgentArgs {
     pub log: PathBuf,
     /// Extra environment (test hooks such as `RIVET_FAIL_ADD_AT`).
     pub env: Vec<(String, String)>,
+    /// Extra rivetd flags (e.g. `--pod-attach tcx`).
+    pub extra_args: Vec<String>,
 }
 
 impl AgentArgs {
@@ -49,6 +51,7 @@ impl AgentArgs {
             cmd.arg("--uplink").arg(u);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.args(&self.extra_args);
         cmd
     }
 

@@ -254,6 +254,7 @@ impl World {
             socket: self.dir.join(format!("n{i}.sock")),
             log: self.dir.join(format!("n{i}.log")),
             env: Vec::new(),
+            extra_args: Vec::new(),
         };
         self.nodes.push(Node {
             name,

@@ -534,12 +534,9 @@ fn check_names_the_missing_resource() {
             }),
         ),
         (
-            "link pin",
+            "attachment",
             Box::new(|_ns: &Netns, h: &str, _ip| {
-                std::fs::remove_file(
-                    rivet::pins::PinLayout::new(node.pin_dir()).link(h, rivet::pins::Hook::Ingress),
-                )
-                .expect("rm pin");
+                node.ns.run("tc", &["filter", "del", "dev", h, "ingress"]);
             }),
         ),
         (
@@ -554,7 +551,7 @@ fn check_names_the_missing_resource() {
         "default route",
         "host route",
         "endpoint map entry",
-        "link pin",
+        "not attached",
         "host veth",
     ];
     for (i, ((what, break_it), needle)) in cases.into_iter().zip(names).enumerate() {

@@ -97,9 +97,21 @@ fn three_pods_talk_through_bpf() {
 /// replaced in the same links, and a poller never sees a veth without its
 /// program.
 #[test]
-fn agent_restart_keeps_traffic_flowing() {
+fn agent_restart_keeps_traffic_flowing_tc() {
+    restart_keeps_traffic_flowing("tc");
+}
+
+/// The same with TCX links for the pods.
+#[test]
+fn agent_restart_keeps_traffic_flowing_tcx() {
+    restart_keeps_traffic_flowing("tcx");
+}
+
+fn restart_keeps_traffic_flowing(mode: &str) {
     let mut w = World::new();
-    let n = w.add_node_with_agent();
+    let n = w.add_node();
+    w.nodes[n].agent_args.extra_args = vec!["--pod-attach".into(), mode.into()];
+    w.start_agent(n);
     let a = w.add_pod(n);
     let b = w.add_pod(n);
     let links_before = status_links(&w, n);
@@ -108,26 +120,46 @@ fn agent_restart_keeps_traffic_flowing() {
     let stop = Arc::new(AtomicBool::new(false));
     let polls = Arc::new(AtomicU64::new(0));
     let hosts = [
-        w.pods[a].endpoint.host_ifname.clone(),
-        w.pods[b].endpoint.host_ifname.clone(),
+        (
+            w.pods[a].endpoint.host_ifname.clone(),
+            w.pods[a].endpoint.host_ifindex,
+        ),
+        (
+            w.pods[b].endpoint.host_ifname.clone(),
+            w.pods[b].endpoint.host_ifindex,
+        ),
     ];
     let poller = {
         let (stop, polls) = (Arc::clone(&stop), Arc::clone(&polls));
         let path = w.nodes[n].ns.path();
         std::thread::spawn(move || {
             rivet::netns::run_in(&path, || {
-                let mut missing = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    for h in &hosts {
-                        match SchedClassifier::query_tcx(h, TcAttachType::Ingress) {
-                            Ok((_, progs)) if !progs.is_empty() => {}
-                            other => missing.push(format!("{h}: {other:?}")),
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let nl = rivet::netlink::Netlink::connect().expect("netlink");
+                    let mut missing = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        for (name, index) in &hosts {
+                            let tcx = SchedClassifier::query_tcx(name, TcAttachType::Ingress)
+                                .map(|(_, p)| p.len())
+                                .unwrap_or(0);
+                            let tc = nl
+                                .tc_bpf_prog_ids(*index, true)
+                                .await
+                                .map(|v| v.len())
+                                .unwrap_or(0);
+                            if tcx + tc == 0 {
+                                missing.push(name.clone());
+                            }
                         }
+                        polls.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
-                    polls.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                missing
+                    missing
+                })
             })
             .expect("poller netns")
         })

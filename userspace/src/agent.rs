@@ -22,7 +22,7 @@ use tokio::{
 
 use crate::{
     config::AgentConfig,
-    datapath::{Datapath, DatapathError},
+    datapath::{AttachMode, Datapath, DatapathError},
     endpoint::{EndpointError, EndpointSettings, Endpoints},
     netlink::{ConnectError, Netlink, NetlinkError},
     pins::{self, Hook, PinError, PinLayout, PinLock},
@@ -158,6 +158,7 @@ impl Agent {
                 pod_cidr: cfg.pod_cidr,
                 gateway: cfg.gateway,
                 mtu,
+                attach: cfg.pod_attach,
                 fail_at: cfg.fail_add_at.clone(),
             },
             &cfg.state_dir,
@@ -238,7 +239,7 @@ impl Agent {
                     .collect(),
             }),
             Request::Status {} => {
-                let attachments = dp
+                let mut attachments: Vec<Attachment> = dp
                     .links()
                     .map_err(internal)?
                     .into_iter()
@@ -250,6 +251,26 @@ impl Agent {
                         pin: l.pin.display().to_string(),
                     })
                     .collect();
+                if self.cfg.pod_attach == AttachMode::Tc {
+                    let ours = dp.program_id(program_names::FROM_POD).map_err(internal)?;
+                    for ep in endpoints.list() {
+                        let ids = endpoints.attached_ids(&ep, &self.nl, dp).await?;
+                        for id in ids {
+                            attachments.push(Attachment {
+                                interface: ep.host_ifname.clone(),
+                                program: if id == ours {
+                                    "from_pod".into()
+                                } else {
+                                    "(not rivet's current program)".into()
+                                },
+                                program_id: id,
+                                link_id: 0,
+                                pin: format!("tc ingress prio {}", crate::datapath::TC_PRIORITY),
+                            });
+                        }
+                    }
+                    attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
+                }
                 Ok(Response::Status(AgentStatus {
                     version: env!("CARGO_PKG_VERSION").to_owned(),
                     node_name: self.cfg.node_name.clone(),

@@ -72,6 +72,8 @@ pub struct FileConfig {
     pub state_dir: Option<PathBuf>,
     /// API socket (default /run/rivet/rivetd.sock).
     pub socket: Option<PathBuf>,
+    /// How programs attach to pod veths: `tc` (default) or `tcx`.
+    pub pod_attach: Option<crate::datapath::AttachMode>,
 }
 
 impl FileConfig {
@@ -113,6 +115,7 @@ impl FileConfig {
             pin_dir: other.pin_dir.or(self.pin_dir),
             state_dir: other.state_dir.or(self.state_dir),
             socket: other.socket.or(self.socket),
+            pod_attach: other.pod_attach.or(self.pod_attach),
         }
     }
 }
@@ -140,6 +143,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// API socket path.
     pub socket: PathBuf,
+    /// Attach mode for pod veths.
+    pub pod_attach: crate::datapath::AttachMode,
     /// Test hook: make endpoint ADD fail at this step (from the environment
     /// variable `RIVET_FAIL_ADD_AT`; never set in production).
     pub fail_add_at: Option<String>,
@@ -309,6 +314,7 @@ impl AgentConfig {
             pin_dir,
             state_dir,
             socket,
+            pod_attach: file.pod_attach.unwrap_or_default(),
             fail_add_at,
         })
     }

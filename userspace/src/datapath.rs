@@ -14,7 +14,7 @@ use aya::{
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         links::{FdLink, LinkError, PinnedLink},
-        tc::{SchedClassifierLink, TcAttachOptions},
+        tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     },
 };
 use rivet_common::{
@@ -125,6 +125,45 @@ const MAP_LAYOUTS: [(&str, MapType, usize, usize); 4] = [
         size_of::<StatsEntry>(),
     ),
 ];
+
+/// How programs are attached to pod veths.
+///
+/// - `Tcx`: a TCX link per veth, pinned under `links/`. Each first attach
+///   costs the kernel an RCU grace period while holding RTNL
+///   (`tcx_entry_sync()` → `synchronize_rcu()`), measured at 10–20 ms here,
+///   which serializes concurrent pod creation.
+/// - `Tc`: a `clsact` qdisc and a direct-action `cls_bpf` filter at fixed
+///   priority/handle, attached over netlink in well under a millisecond. The
+///   filter belongs to the device, not to a process: it survives agent
+///   restarts without a pin and is replaced atomically (`tc filter replace`).
+///
+/// The uplink always uses TCX (attached once per node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// Netlink `cls_bpf` on `clsact` (default: fast pod creation).
+    #[default]
+    Tc,
+    /// TCX links pinned in bpffs.
+    Tcx,
+}
+
+impl std::str::FromStr for AttachMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tc" => Ok(Self::Tc),
+            "tcx" => Ok(Self::Tcx),
+            other => Err(format!("{other:?} is not an attach mode (tc or tcx)")),
+        }
+    }
+}
+
+/// Priority of rivet's `cls_bpf` filters (first: nothing runs before it).
+pub const TC_PRIORITY: u16 = 1;
+/// Handle of rivet's `cls_bpf` filters.
+pub const TC_HANDLE: TcHandle = TcHandle::new(0, 1);
 
 /// Every program of the object and where it attaches.
 pub const PROGRAMS: [&str; 2] = [program_names::FROM_POD, program_names::FROM_UPLINK];
@@ -361,6 +400,81 @@ impl Datapath {
             }
         })?;
         Ok(progs.iter().map(aya::programs::ProgramInfo::id).collect())
+    }
+
+    /// Attaches with the given mode (see [`AttachMode`]).
+    pub fn attach_with(
+        &mut self,
+        mode: AttachMode,
+        program: &str,
+        ifname: &str,
+        hook: Hook,
+    ) -> Result<LinkState, DatapathError> {
+        match mode {
+            AttachMode::Tcx => self.attach(program, ifname, hook),
+            AttachMode::Tc => self.attach_tc(program, ifname, hook),
+        }
+    }
+
+    /// Attaches through a `clsact` qdisc and a direct-action `cls_bpf`
+    /// filter at [`TC_PRIORITY`]/[`TC_HANDLE`]; an existing rivet filter is
+    /// replaced atomically. The filter outlives this process.
+    pub fn attach_tc(
+        &mut self,
+        program: &str,
+        ifname: &str,
+        hook: Hook,
+    ) -> Result<LinkState, DatapathError> {
+        let attach_err = |source| DatapathError::Attach {
+            program: program.to_owned(),
+            interface: ifname.to_owned(),
+            hook: hook.as_str(),
+            source: Box::new(source),
+        };
+        match aya::programs::tc::qdisc_add_clsact(ifname) {
+            Ok(()) => {}
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(attach_err(ProgramError::from(e))),
+        }
+        let prog = self.program_mut(program)?;
+        let options = NlOptions {
+            priority: TC_PRIORITY,
+            handle: TC_HANDLE,
+            ..NlOptions::default()
+        };
+        let id = match prog.attach_with_options(
+            ifname,
+            tc_attach_type(hook),
+            TcAttachOptions::Netlink(options),
+        ) {
+            Ok(id) => id,
+            Err(ProgramError::TcError(TcError::NetlinkError(e)))
+                if e.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                let existing = SchedClassifierLink::attached(
+                    ifname,
+                    tc_attach_type(hook),
+                    TC_PRIORITY,
+                    TC_HANDLE,
+                    None,
+                )
+                .map_err(|e| attach_err(ProgramError::from(TcError::IoError(e))))?;
+                prog.attach_to_link(existing).map_err(attach_err)?
+            }
+            Err(e) => return Err(attach_err(e)),
+        };
+        let link = prog.take_link(id).map_err(attach_err)?;
+        // Dropping the link would delete the filter: it must outlive us.
+        std::mem::forget(link);
+        let program_id = prog.info().map_err(attach_err)?.id();
+        Ok(LinkState {
+            interface: ifname.to_owned(),
+            hook,
+            link_id: 0,
+            program_id,
+            program: program.to_owned(),
+            pin: PathBuf::new(),
+        })
     }
 
     /// Detaches whatever is pinned for `ifname` at `hook`. Returns whether a

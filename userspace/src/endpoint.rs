@@ -32,7 +32,7 @@ use rivet_common::{EndpointInfo, endpoint_flags, program_names};
 
 use crate::{
     config::validate_ifname,
-    datapath::{Datapath, DatapathError},
+    datapath::{AttachMode, Datapath, DatapathError},
     ipam::{Ipam, IpamError, RangeSet},
     netlink::{LinkInfo, Netlink, NetlinkError, format_mac, parse_mac},
     netns::{self, NetnsError},
@@ -143,6 +143,8 @@ pub struct EndpointSettings {
     pub gateway: Ipv4Addr,
     /// Pod MTU.
     pub mtu: u32,
+    /// How `from_pod` attaches to pod veths.
+    pub attach: AttachMode,
     /// Test hook: fail ADD at this step (one of [`FAULT_STEPS`]).
     pub fail_at: Option<String>,
 }
@@ -598,8 +600,10 @@ impl Endpoints {
     ) -> Result<Endpoint, EndpointError> {
         let host = ep.host_ifname.clone();
         let mut timeline = Timeline::start();
-        // The lease: persisted before anything is plumbed.
-        self.store.save(&host, &ep)?;
+        // The lease: recorded before anything is plumbed. A crash of the
+        // agent keeps it (page cache); a crash of the machine takes the veth
+        // and the pod with it, so no fsync is needed until it is ready.
+        self.store.save_volatile(&host, &ep)?;
         rollback.record = Some(host.clone());
         self.by_ref
             .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
@@ -654,7 +658,12 @@ impl Endpoints {
         )?;
         rollback.map_ip = Some(ep.ip);
         self.step("after_map", &mut timeline)?;
-        dp.attach(program_names::FROM_POD, &host, Hook::Ingress)?;
+        dp.attach_with(
+            self.settings.attach,
+            program_names::FROM_POD,
+            &host,
+            Hook::Ingress,
+        )?;
         rollback.link = Some(host.clone());
         self.step("after_attach", &mut timeline)?;
 
@@ -759,13 +768,14 @@ impl Endpoints {
                 ep.ip
             ));
         }
-        let pin = dp.layout().link(host, Hook::Ingress);
-        if !pin.exists() {
-            return missing(format!("link pin {} is missing", pin.display()));
+        if self.settings.attach == AttachMode::Tcx {
+            let pin = dp.layout().link(host, Hook::Ingress);
+            if !pin.exists() {
+                return missing(format!("link pin {} is missing", pin.display()));
+            }
         }
         let prog = dp.program_id(program_names::FROM_POD)?;
-        let attached = dp.attached_ids(host, Hook::Ingress)?;
-        if !attached.contains(&prog) {
+        if !self.attached_ids(ep, nl, dp).await?.contains(&prog) {
             return missing(format!(
                 "program from_pod is not attached to {host} (ingress)"
             ));
@@ -780,6 +790,20 @@ impl Endpoints {
             check_pod_side(nl, ifname, ip, gateway, extra)
         })
         .await
+    }
+
+    /// Programs attached to the endpoint's host veth ingress, by the
+    /// configured mechanism.
+    pub async fn attached_ids(
+        &self,
+        ep: &Endpoint,
+        nl: &Netlink,
+        dp: &Datapath,
+    ) -> Result<Vec<u32>, EndpointError> {
+        Ok(match self.settings.attach {
+            AttachMode::Tcx => dp.attached_ids(&ep.host_ifname, Hook::Ingress)?,
+            AttachMode::Tc => nl.tc_bpf_prog_ids(ep.host_ifindex, true).await?,
+        })
     }
 
     fn map_entry(&self, ep: &Endpoint) -> Result<EndpointInfo, EndpointError> {
@@ -888,9 +912,17 @@ impl Endpoints {
                 tracing::info!(ip = %ep.ip, "restoring endpoint map entry");
                 dp.put_endpoint(ep.ip, want)?;
             }
-            let pinned = dp.layout().link(&ep.host_ifname, Hook::Ingress).exists();
-            if reattach || !pinned {
-                dp.attach(program_names::FROM_POD, &ep.host_ifname, Hook::Ingress)?;
+            let present = match self.settings.attach {
+                AttachMode::Tcx => dp.layout().link(&ep.host_ifname, Hook::Ingress).exists(),
+                AttachMode::Tc => !nl.tc_bpf_prog_ids(ep.host_ifindex, true).await?.is_empty(),
+            };
+            if reattach || !present {
+                dp.attach_with(
+                    self.settings.attach,
+                    program_names::FROM_POD,
+                    &ep.host_ifname,
+                    Hook::Ingress,
+                )?;
             }
         }
 

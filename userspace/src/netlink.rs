@@ -298,6 +298,41 @@ impl Netlink {
             .collect())
     }
 
+    /// IDs of the BPF programs in `cls_bpf` filters on the ingress (or
+    /// egress) hook of link `index` (`tc filter show dev X ingress`).
+    pub async fn tc_bpf_prog_ids(
+        &self,
+        index: u32,
+        ingress: bool,
+    ) -> Result<Vec<u32>, NetlinkError> {
+        use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
+        let mut tf = self.handle.clone().traffic_filter(index as i32);
+        let req = if ingress {
+            tf.get().ingress()
+        } else {
+            tf.get().egress()
+        };
+        let msgs: Vec<_> = match req.execute().try_collect().await {
+            Ok(m) => m,
+            // No clsact qdisc: no filters.
+            Err(rtnetlink::Error::NetlinkError(m)) if -m.raw_code() == libc::EINVAL => Vec::new(),
+            Err(e) => return Err(ctx(format!("listing tc filters of ifindex {index}"))(e)),
+        };
+        Ok(msgs
+            .iter()
+            .flat_map(|m| m.attributes.iter())
+            .filter_map(|a| match a {
+                TcAttribute::Options(opts) => Some(opts),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|o| match o {
+                TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => Some(*id),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// `ip route add <dst>/<len> dev <index> scope link`.
     pub async fn add_link_route(
         &self,

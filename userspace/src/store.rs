@@ -99,12 +99,27 @@ impl RecordDir {
         self.dir.join(format!("{key}.json"))
     }
 
-    /// Writes the record `key`.
+    /// Writes the record `key` durably (fsync'ed before and after the rename).
     pub fn save<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
         let path = self.path(key);
         let bytes = serde_json::to_vec_pretty(value)
             .map_err(|e| err("serializing", &path)(io::Error::other(e)))?;
         write_atomic(&path, &bytes)
+    }
+
+    /// Writes the record `key` atomically but without fsync: it survives a
+    /// crash of this process (the page cache is the kernel's), not one of
+    /// the machine. Used for records whose subject dies with the machine
+    /// anyway (a pending attachment: its veth and netns do not survive a
+    /// reboot either).
+    pub fn save_volatile<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
+        let path = self.path(key);
+        let bytes = serde_json::to_vec_pretty(value)
+            .map_err(|e| err("serializing", &path)(io::Error::other(e)))?;
+        let tmp = self.dir.join(format!(".{key}.json.tmp"));
+        fs::write(&tmp, &bytes).map_err(err("writing", &tmp))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(err("chmod", &tmp))?;
+        fs::rename(&tmp, &path).map_err(err("renaming into place", &path))
     }
 
     /// Removes the record `key`; false if it did not exist.

@@ -50,6 +50,9 @@ struct Cli {
     /// API socket path.
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// How programs attach to pod veths: tc (netlink cls_bpf, default) or tcx.
+    #[arg(long)]
+    pod_attach: Option<rivet::datapath::AttachMode>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -86,6 +89,7 @@ impl Cli {
             pin_dir: self.pin_dir.clone(),
             state_dir: self.state_dir.clone(),
             socket: self.socket.clone(),
+            pod_attach: self.pod_attach,
         }))
     }
 }
