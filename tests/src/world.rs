@@ -132,6 +132,12 @@ impl Node {
     /// Asserts the node holds no pod state at all: no pod veth, no pod link
     /// pin, no record, no map entry, no /32 route to a pod.
     pub fn assert_no_pod_state(&self, what: &str) {
+        // DEL answers before the kernel has finished unregistering the veth
+        // (the agent deletes it in the background): allow it a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while !self.veths().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         assert_eq!(self.veths(), Vec::<String>::new(), "{what}: veths left");
         assert_eq!(
             self.pod_link_pins(),

@@ -363,10 +363,8 @@ fn endpoint_conflicts_and_bad_requests() {
         Ok(Response::Endpoints { endpoints }) => assert_eq!(endpoints.len(), 1),
         other => panic!("{other:?}"),
     }
-    let pins = rivet::pins::PinLayout::new(w.nodes[n].pin_dir())
-        .link_pins()
-        .expect("pins");
-    assert_eq!(pins.len(), 2, "uplink + one pod: {pins:?}");
+    let attached = status_links(&w, n);
+    assert_eq!(attached.len(), 2, "uplink + one pod: {attached:?}");
     // The first pod is intact.
     assert_ping(&w.pods[a].ns, w.nodes[n].ip, 2);
 
@@ -380,8 +378,7 @@ fn endpoint_conflicts_and_bad_requests() {
         })),
         Ok(Response::Deleted { existed: false })
     ));
-    let veths = node.run("ip", &["-o", "link", "show", "type", "veth"]);
-    assert!(!veths.contains(": rv"), "{veths}");
+    w.nodes[n].assert_no_pod_state("after DEL");
     let r = ping(&w.pods[a].ns, w.nodes[n].ip, 1, 0.1);
     assert_eq!(r.received, 0);
 }
@@ -412,10 +409,8 @@ fn vanished_pod_is_reconciled() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let pins = rivet::pins::PinLayout::new(w.nodes[n].pin_dir())
-        .link_pins()
-        .expect("pins");
-    assert_eq!(pins.len(), 2, "uplink + pod b: {pins:?}");
+    let attached = status_links(&w, n);
+    assert_eq!(attached.len(), 2, "uplink + pod b: {attached:?}");
     let b = w.pods.iter().position(|p| p.ip != gone_ip).unwrap_or(b);
     assert_ping(&w.pods[b].ns, w.nodes[n].ip, 2);
 }

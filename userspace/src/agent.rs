@@ -23,7 +23,7 @@ use tokio::{
 use crate::{
     config::AgentConfig,
     datapath::{AttachMode, Datapath, DatapathError},
-    endpoint::{EndpointError, EndpointSettings, Endpoints},
+    endpoint::{self, EndpointError, EndpointSettings, Endpoints},
     netlink::{ConnectError, Netlink, NetlinkError},
     pins::{self, Hook, PinError, PinLayout, PinLock},
     store::{self, StoreError},
@@ -187,14 +187,14 @@ impl Agent {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, request: Request) -> Response {
+    pub async fn handle(self: &Arc<Self>, request: Request) -> Response {
         match self.dispatch(request).await {
             Ok(r) => r,
             Err(e) => Response::Error(e),
         }
     }
 
-    async fn dispatch(&self, request: Request) -> Result<Response, ApiError> {
+    async fn dispatch(self: &Arc<Self>, request: Request) -> Result<Response, ApiError> {
         let internal = |e: DatapathError| ApiError::new(ErrorKind::Internal, e.to_string());
         let mut state = self.state.lock().await;
         let NodeState {
@@ -209,8 +209,20 @@ impl Agent {
                 Ok(Response::Endpoint(ep))
             }
             Request::EndpointDel(r) => {
-                let existed = endpoints.del(&r, &self.nl, dp).await?;
+                let (existed, drain) = endpoints.del_deferred(&r, &self.nl, dp).await?;
                 tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
+                if let Some(d) = drain {
+                    // The lease is released and the datapath forgets the pod
+                    // now; the device unregistration (tens of ms of RCU) runs
+                    // after the answer, with the address held until it ends.
+                    let agent = Arc::clone(self);
+                    tokio::spawn(async move {
+                        if let Err(e) = endpoint::delete_veth(&agent.nl, &d).await {
+                            tracing::warn!(host = %d.host, error = %e, "deleting a veth after DEL");
+                        }
+                        agent.state.lock().await.endpoints.drained(&d);
+                    });
+                }
                 Ok(Response::Deleted { existed })
             }
             Request::EndpointCheck(c) => {
@@ -362,7 +374,7 @@ pub async fn serve(
     }
 }
 
-async fn handle_connection(agent: &Agent, mut stream: UnixStream) -> std::io::Result<()> {
+async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::io::Result<()> {
     let mut body = Vec::new();
     let read = tokio::time::timeout(
         REQUEST_TIMEOUT,

@@ -158,6 +158,23 @@ pub struct Endpoints {
     /// Addresses seen live on the node that are not pods of ours (node
     /// addresses, host routes through other devices): never handed out.
     foreign: HashSet<Ipv4Addr>,
+    /// Deleted attachments whose veth is still being removed in the
+    /// background: their address stays taken until the veth (and its /32
+    /// route) is gone.
+    draining: BTreeMap<Ipv4Addr, Drain>,
+}
+
+/// A veth to delete after DEL has answered (the kernel's device
+/// unregistration waits for RCU: tens of milliseconds nobody needs to wait
+/// for).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drain {
+    /// The pod address it held.
+    pub ip: Ipv4Addr,
+    /// Host-side veth name.
+    pub host: String,
+    /// Its ifindex.
+    pub index: u32,
 }
 
 /// Steps to undo if ADD fails part-way.
@@ -344,6 +361,16 @@ fn parse_routes(routes: &[String]) -> Result<Vec<Ipv4Net>, EndpointError> {
         .collect()
 }
 
+/// Deletes a pod's host veth (its peer, routes and neighbour go with it);
+/// already gone is fine.
+pub async fn delete_veth(nl: &Netlink, d: &Drain) -> Result<(), EndpointError> {
+    match nl.delete_link(d.index, &d.host).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.errno() == Some(libc::ENODEV) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// rivet is IPv4-only: no link-local addresses, no DAD, no router
 /// advertisements on either end of a pod veth. Best effort: a kernel without
 /// IPv6 has none of these files.
@@ -417,6 +444,7 @@ impl Endpoints {
             by_ref,
             ipam,
             foreign: HashSet::new(),
+            draining: BTreeMap::new(),
         })
     }
 
@@ -466,6 +494,9 @@ impl Endpoints {
         }
         if self.foreign.contains(&ip) {
             return Some("the node (an address or host route seen live)".into());
+        }
+        if let Some(d) = self.draining.get(&ip) {
+            return Some(format!("the veth {} being deleted", d.host));
         }
         if matches!(dp.endpoint(ip), Ok(Some(_))) {
             return Some("an entry of the endpoints map".into());
@@ -527,6 +558,51 @@ impl Endpoints {
         Ok(())
     }
 
+    /// Deletes the draining veths matching `pick` right away.
+    async fn drain_now(
+        &mut self,
+        pick: impl Fn(&Drain) -> bool,
+        nl: &Netlink,
+    ) -> Result<(), EndpointError> {
+        let now: Vec<Drain> = self
+            .draining
+            .values()
+            .filter(|d| pick(d))
+            .cloned()
+            .collect();
+        for d in now {
+            delete_veth(nl, &d).await?;
+            self.drained(&d);
+        }
+        Ok(())
+    }
+
+    /// The requested address (checked) or the next free one.
+    fn choose_ip(
+        &mut self,
+        spec: &EndpointSpec,
+        set: &RangeSet,
+        dp: &Datapath,
+    ) -> Result<Ipv4Addr, IpamError> {
+        if let Some(ip) = spec.ip {
+            self.ipam
+                .check_requested(ip, set, |ip| self.owner_of(ip, dp))?;
+            return Ok(ip);
+        }
+        let by_ref = &self.by_ref;
+        let foreign = &self.foreign;
+        let draining = &self.draining;
+        self.ipam.allocate(set, |ip| {
+            if by_ref.values().any(|e| e.ip == ip)
+                || foreign.contains(&ip)
+                || draining.contains_key(&ip)
+            {
+                return Some("taken".into());
+            }
+            matches!(dp.endpoint(ip), Ok(Some(_))).then(|| "map".into())
+        })
+    }
+
     /// Creates the attachment. On failure nothing of it remains.
     pub async fn add(
         &mut self,
@@ -539,23 +615,17 @@ impl Endpoints {
         let netns_path = PathBuf::from(&spec.netns);
         let netns_file = netns::open(&netns_path)?;
         let set = RangeSet::for_request(&spec.ranges, self.settings.pod_cidr)?;
-        let ip = match spec.ip {
-            Some(ip) => {
-                self.ipam
-                    .check_requested(ip, &set, |ip| self.owner_of(ip, dp))?;
-                ip
+        // An address held only by a veth still being deleted is reclaimed
+        // now rather than refused (requested address, or a full pool).
+        if let Some(ip) = spec.ip {
+            self.drain_now(|d| d.ip == ip, nl).await?;
+        }
+        let ip = match self.choose_ip(&spec, &set, dp) {
+            Err(IpamError::Exhausted(_)) if !self.draining.is_empty() => {
+                self.drain_now(|_| true, nl).await?;
+                self.choose_ip(&spec, &set, dp)?
             }
-            None => {
-                let by_ref = &self.by_ref;
-                let foreign = &self.foreign;
-                let dpr = &*dp;
-                self.ipam.allocate(&set, |ip| {
-                    if by_ref.values().any(|e| e.ip == ip) || foreign.contains(&ip) {
-                        return Some("taken".into());
-                    }
-                    matches!(dpr.endpoint(ip), Ok(Some(_))).then(|| "map".into())
-                })?
-            }
+            other => other?,
         };
         let host = host_ifname(&spec.container_id, &spec.ifname);
         let record = Endpoint {
@@ -613,7 +683,12 @@ impl Endpoints {
         // of a crash between veth creation and persisting: it is ours.
         if let Some(stale) = nl.link_by_name(&host).await? {
             tracing::warn!(host, "removing leftover veth without a record");
-            nl.delete_link(stale.index, &host).await?;
+            match nl.delete_link(stale.index, &host).await {
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(libc::ENODEV) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.draining.retain(|_, d| d.host != host);
         }
         if let Err(e) = nl.create_veth(&host, &ep.ifname, &netns_file, ep.mtu).await {
             if e.is_exists() {
@@ -679,20 +754,45 @@ impl Endpoints {
         Ok(ep)
     }
 
-    /// Removes the attachment and its lease. Returns whether anything existed.
+    /// Removes the attachment and its lease, waiting for the veth to go.
+    /// Returns whether anything existed.
     pub async fn del(
         &mut self,
         r: &EndpointRef,
         nl: &Netlink,
         dp: &mut Datapath,
     ) -> Result<bool, EndpointError> {
+        let (existed, drain) = self.del_deferred(r, nl, dp).await?;
+        if let Some(d) = drain {
+            delete_veth(nl, &d).await?;
+            self.drained(&d);
+        }
+        Ok(existed)
+    }
+
+    /// Removes the attachment's map entry, program, record and lease, and
+    /// returns the veth still to delete: the caller deletes it (in the
+    /// background) and then calls [`Endpoints::drained`]. Until then the
+    /// address stays taken. Returns whether anything existed.
+    pub async fn del_deferred(
+        &mut self,
+        r: &EndpointRef,
+        nl: &Netlink,
+        dp: &mut Datapath,
+    ) -> Result<(bool, Option<Drain>), EndpointError> {
         let host = host_ifname(&r.container_id, &r.ifname);
         let record = self
             .by_ref
             .get(&(r.container_id.clone(), r.ifname.clone()))
             .cloned();
         let mut existed = record.is_some();
-        let link = nl.link_by_name(&host).await?;
+        // A veth already being deleted after an earlier DEL is not "there".
+        let link = match nl.link_by_name(&host).await? {
+            Some(l) if record.is_none() && self.draining.values().any(|d| d.index == l.index) => {
+                None
+            }
+            other => other,
+        };
         if let Some(ep) = &record {
             // Only remove the map entry if it points at this attachment's veth
             // (or at nothing we know: a pending record never wrote one).
@@ -705,19 +805,42 @@ impl Endpoints {
             }
         }
         existed |= dp.detach(&host, Hook::Ingress)?;
-        if let Some(link) = link {
-            existed = true;
-            match nl.delete_link(link.index, &host).await {
-                Ok(()) => {}
-                // Gone meanwhile (the pod netns was deleted): that is the goal.
-                Err(e) if e.errno() == Some(libc::ENODEV) => {}
-                Err(e) => return Err(e.into()),
+        let drain = match (&link, &record) {
+            (Some(l), Some(ep)) => Some(Drain {
+                ip: ep.ip,
+                host: host.clone(),
+                index: l.index,
+            }),
+            // A veth without a record (a crash leftover): delete it now.
+            (Some(l), None) => {
+                delete_veth(
+                    nl,
+                    &Drain {
+                        ip: Ipv4Addr::UNSPECIFIED,
+                        host: host.clone(),
+                        index: l.index,
+                    },
+                )
+                .await?;
+                None
             }
+            (None, _) => None,
+        };
+        existed |= link.is_some();
+        if let Some(d) = &drain {
+            self.draining.insert(d.ip, d.clone());
         }
         self.store.remove(&host)?;
         self.by_ref
             .remove(&(r.container_id.clone(), r.ifname.clone()));
-        Ok(existed)
+        Ok((existed, drain))
+    }
+
+    /// The veth of `d` is gone: its address may be handed out again.
+    pub fn drained(&mut self, d: &Drain) {
+        if self.draining.get(&d.ip) == Some(d) {
+            self.draining.remove(&d.ip);
+        }
     }
 
     /// Verifies every resource of an attachment (CNI CHECK). The error names
@@ -943,6 +1066,29 @@ impl Endpoints {
                 tracing::info!(interface = %link.interface, "removing link pin without an endpoint");
                 dp.detach(&link.interface, link.hook)?;
             }
+        }
+
+        // Pod veths no record owns (a crash between DEL and the background
+        // deletion, or before a pending record was written) are ours by
+        // name: remove them.
+        let owned: HashSet<&str> = self
+            .by_ref
+            .values()
+            .map(|e| e.host_ifname.as_str())
+            .chain(self.draining.values().map(|d| d.host.as_str()))
+            .collect();
+        let orphans: Vec<Drain> = links
+            .values()
+            .filter(|l| is_rivet_veth(&l.name) && !owned.contains(l.name.as_str()))
+            .map(|l| Drain {
+                ip: Ipv4Addr::UNSPECIFIED,
+                host: l.name.clone(),
+                index: l.index,
+            })
+            .collect();
+        for d in orphans {
+            tracing::info!(veth = %d.host, "removing a pod veth no record owns");
+            delete_veth(nl, &d).await?;
         }
 
         // Addresses in use on the node that are not our pods: node addresses
