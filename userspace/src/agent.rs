@@ -205,6 +205,14 @@ impl Agent {
         match request {
             Request::EndpointAdd(spec) => {
                 let ep = endpoints.add(spec, &self.nl, dp, local).await?;
+                let store = endpoints.store().clone();
+                drop(state);
+                // Durable before the answer, but outside the lock.
+                let key = ep.host_ifname.clone();
+                tokio::task::spawn_blocking(move || store.sync(&key))
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
                 tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
                 Ok(Response::Endpoint(ep))
             }

@@ -361,6 +361,14 @@ fn parse_routes(routes: &[String]) -> Result<Vec<Ipv4Net>, EndpointError> {
         .collect()
 }
 
+/// The MAC a pod gets: locally administered unicast `02:72` followed by its
+/// IPv4 address — unique wherever the address is, stable across a restart of
+/// the pod with the same address (no stale neighbour entries anywhere).
+pub fn pod_mac_for(ip: Ipv4Addr) -> [u8; 6] {
+    let [a, b, c, d] = ip.octets();
+    [0x02, 0x72, a, b, c, d]
+}
+
 /// Deletes a pod's host veth (its peer, routes and neighbour go with it);
 /// already gone is fine.
 pub async fn delete_veth(nl: &Netlink, d: &Drain) -> Result<(), EndpointError> {
@@ -446,6 +454,11 @@ impl Endpoints {
             foreign: HashSet::new(),
             draining: BTreeMap::new(),
         })
+    }
+
+    /// The record directory (for making a record durable outside the lock).
+    pub fn store(&self) -> &RecordDir {
+        &self.store
     }
 
     /// Node settings.
@@ -690,7 +703,11 @@ impl Endpoints {
             }
             self.draining.retain(|_, d| d.host != host);
         }
-        if let Err(e) = nl.create_veth(&host, &ep.ifname, &netns_file, ep.mtu).await {
+        let pod_mac = pod_mac_for(ep.ip);
+        if let Err(e) = nl
+            .create_veth(&host, &ep.ifname, &netns_file, ep.mtu, pod_mac)
+            .await
+        {
             if e.is_exists() {
                 return Err(EndpointError::Conflict(format!(
                     "interface {} already exists in netns {}",
@@ -707,19 +724,31 @@ impl Endpoints {
         rollback.veth = Some((host_link.index, host.clone()));
         self.step("after_veth", &mut timeline)?;
 
+        // The pod side (inside the pod netns, on its own thread) and the host
+        // side run concurrently: the pod's MAC was chosen at creation.
         let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
         let routes = parse_routes(&ep.routes)?;
-        let pod_mac = in_netns(PathBuf::from(&ep.netns), move |nl| {
+        let pod_side = in_netns(PathBuf::from(&ep.netns), move |nl| {
             configure_pod_side(nl, ifname, ip, gateway, routes)
-        })
-        .await?;
+        });
+        let host_side = async {
+            disable_ipv6(&host);
+            nl.set_up(host_link.index, &host).await?;
+            nl.add_link_route(ep.ip, 32, host_link.index, &host).await?;
+            nl.add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac)
+                .await?;
+            Ok::<(), EndpointError>(())
+        };
+        let (seen_mac, ()) = tokio::try_join!(pod_side, host_side)?;
+        if seen_mac != pod_mac {
+            return Err(EndpointError::Other(format!(
+                "{} in the pod has MAC {} instead of {}",
+                ep.ifname,
+                format_mac(&seen_mac),
+                format_mac(&pod_mac)
+            )));
+        }
         self.step("after_pod_side", &mut timeline)?;
-
-        disable_ipv6(&host);
-        nl.set_up(host_link.index, &host).await?;
-        nl.add_link_route(ep.ip, 32, host_link.index, &host).await?;
-        nl.add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac)
-            .await?;
         self.step("after_host_side", &mut timeline)?;
 
         dp.put_endpoint(
@@ -746,7 +775,10 @@ impl Endpoints {
         ep.host_ifindex = host_link.index;
         ep.host_mac = format_mac(&host_link.mac);
         ep.state = EndpointState::Ready;
-        self.store.save(&host, &ep)?;
+        // Written now, made durable by the caller (`RecordDir::sync`) once
+        // the state lock is released, so that fsyncs of concurrent ADDs do
+        // not serialize behind each other.
+        self.store.save_volatile(&host, &ep)?;
         timeline.mark("ready_record");
         tracing::debug!(host = %host, timing = %timeline, "endpoint add steps");
         self.by_ref

@@ -173,18 +173,20 @@ impl Netlink {
 
     /// Creates a veth pair: `host` here and `peer` directly inside the
     /// namespace `peer_netns` (never moved, so `peer` cannot clash with a
-    /// host name). Both ends get `mtu`.
+    /// host name) with the MAC `peer_mac`. Both ends get `mtu`.
     pub async fn create_veth(
         &self,
         host: &str,
         peer: &str,
         peer_netns: &std::fs::File,
         mtu: u32,
+        peer_mac: [u8; 6],
     ) -> Result<(), NetlinkError> {
         let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
             .name(peer.to_owned())
             .setns_by_fd(peer_netns.as_raw_fd())
             .mtu(mtu)
+            .address(peer_mac.to_vec())
             .build();
         let msg = LinkVeth::new(host, peer)
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))

@@ -122,6 +122,20 @@ impl RecordDir {
         fs::rename(&tmp, &path).map_err(err("renaming into place", &path))
     }
 
+    /// Makes an already written record durable (fsync of the file and the
+    /// directory). A record removed meanwhile is not an error.
+    pub fn sync(&self, key: &str) -> Result<(), StoreError> {
+        let path = self.path(key);
+        match File::open(&path) {
+            Ok(f) => f.sync_all().map_err(err("syncing", &path))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(err("opening", &path)(e)),
+        }
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err("syncing directory", &self.dir))
+    }
+
     /// Removes the record `key`; false if it did not exist.
     pub fn remove(&self, key: &str) -> Result<bool, StoreError> {
         let path = self.path(key);
