@@ -128,6 +128,9 @@ pub fn run(opts: &Options) -> Report {
         .better
         .insert("throughput_gbps".into(), "higher".into());
     report.better.insert("rtt_avg_ms".into(), "lower".into());
+    report
+        .better
+        .insert("tcp_retransmits".into(), "lower".into());
     report.notes.push(format!(
         "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round"
     ));
@@ -139,7 +142,7 @@ pub fn run(opts: &Options) -> Report {
     }
     report
         .notes
-        .push("rivet: rivetd + from_pod (TCX) with bpf_redirect_peer, release build".into());
+        .push("rivet: rivetd + from_pod (netlink cls_bpf, the default pod attach) with bpf_redirect_peer, release build".into());
 
     let total = (rounds + 1) * 4;
     let started = Instant::now();
@@ -168,6 +171,7 @@ pub fn run(opts: &Options) -> Report {
             let rtt = ping(client, ip, 100, 0.005);
             if round > 0 {
                 report.add("throughput_gbps", variant, res.bits_per_second / 1e9);
+                report.add("tcp_retransmits", variant, res.retransmits as f64);
                 if let Some(avg) = rtt.avg_ms {
                     report.add("rtt_avg_ms", variant, avg);
                 }
