@@ -40,3 +40,41 @@ pub fn decrease_ttl(ip: &mut Ipv4Hdr) {
     ip.check = (check as u16).to_be_bytes();
     ip.ttl -= 1;
 }
+
+/// The header checksum of a 20-byte IPv4 header (its `check` field is
+/// ignored): one's-complement sum of the ten 16-bit words, folded.
+#[inline(always)]
+pub fn header_checksum(ip: &Ipv4Hdr) -> [u8; 2] {
+    let w = |b: [u8; 2]| u32::from(u16::from_be_bytes(b));
+    let mut sum = (u32::from(ip.version_ihl) << 8 | u32::from(ip.tos))
+        + w(ip.tot_len)
+        + w(ip.id)
+        + w(ip.frag_off)
+        + (u32::from(ip.ttl) << 8 | u32::from(ip.protocol))
+        + w([ip.src[0], ip.src[1]])
+        + w([ip.src[2], ip.src[3]])
+        + w([ip.dst[0], ip.dst[1]])
+        + w([ip.dst[2], ip.dst[3]]);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    (!(sum as u16)).to_be_bytes()
+}
+
+/// A fresh outer IPv4 header (no options, DF, TTL 64) with its checksum.
+#[inline(always)]
+pub fn outer_header(src: u32, dst: u32, protocol: u8, tos: u8, tot_len: u16) -> Ipv4Hdr {
+    let mut ip = Ipv4Hdr {
+        version_ihl: 0x45,
+        tos,
+        tot_len: tot_len.to_be_bytes(),
+        id: [0, 0],
+        frag_off: [crate::headers::IP_DF, 0],
+        ttl: 64,
+        protocol,
+        check: [0, 0],
+        src: src.to_ne_bytes(),
+        dst: dst.to_ne_bytes(),
+    };
+    ip.check = header_checksum(&ip);
+    ip
+}

@@ -10,19 +10,30 @@
 //! | [`arp`] | answering ARP for the pod gateway |
 //! | [`ipv4`] | IPv4 validation and router behaviour (TTL) |
 //! | [`from_pod`] | the pipeline for traffic leaving a pod |
+//! | [`from_uplink`] | decapsulation and native delivery at the uplink |
+//! | [`from_host`] | the node's own traffic to remote pods |
+//! | [`remote`] | MTU, TTL, encap and redirect toward another node |
+//! | [`encap`] | adding and removing tunnel headers |
+//! | [`fib`] | next-hop lookup and transmit |
+//! | [`icmp`] | fragmentation-needed answers |
 #![no_std]
 #![no_main]
 
 mod arp;
+mod encap;
+mod fib;
+mod from_host;
 mod from_pod;
+mod from_uplink;
 mod headers;
+mod icmp;
 mod ipv4;
 mod maps;
 mod packet;
+mod remote;
 mod verdict;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
-use rivet_common::Counter;
 
 /// TC ingress on a pod's host-side veth: every packet the pod sends.
 #[classifier]
@@ -30,12 +41,17 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     from_pod::handle(&ctx)
 }
 
-/// TC ingress on the node's uplink. Nothing arrives there for rivet yet
-/// (cross-node encapsulation comes later): count and pass, never break the
-/// node's own traffic.
+/// TC ingress on the node's uplink: tunnel decapsulation, native delivery;
+/// everything else passes untouched.
 #[classifier]
 pub fn from_uplink(ctx: TcContext) -> i32 {
-    verdict::pass(&ctx, Counter::UplinkPass)
+    from_uplink::handle(&ctx)
+}
+
+/// TC egress on `rivet_host`: the node's own traffic to remote pods.
+#[classifier]
+pub fn from_host(ctx: TcContext) -> i32 {
+    from_host::handle(&ctx)
 }
 
 #[cfg(not(test))]

@@ -3,10 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use rivet_common::{
-    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, LOCAL_ADDRS_MAX, NodeConfig, StatsEntry,
+    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, LOCAL_ADDRS_MAX, NodeConfig, PEERS_MAX,
+    PeerInfo, ROUTES_MAX, RouteInfo, StatsEntry,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -17,6 +18,14 @@ pub static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> =
 /// Addresses that belong to the node itself.
 #[map]
 pub static LOCAL_ADDRS: HashMap<EndpointKey, u32> = HashMap::with_max_entries(LOCAL_ADDRS_MAX, 0);
+
+/// Remote pod subnets → the node that owns them and how to reach it.
+#[map]
+pub static ROUTES: LpmTrie<u32, RouteInfo> = LpmTrie::with_max_entries(ROUTES_MAX, 0);
+
+/// Other nodes: tunnel endpoint parameters, by node IP.
+#[map]
+pub static PEERS: HashMap<EndpointKey, PeerInfo> = HashMap::with_max_entries(PEERS_MAX, 0);
 
 /// Node configuration at index 0.
 #[map]
@@ -41,12 +50,27 @@ pub fn is_local_addr(addr: u32) -> bool {
     LOCAL_ADDRS.get_ptr(EndpointKey { addr }).is_some()
 }
 
-/// The node configuration, if the agent has written it.
+/// The node configuration, if the agent has written it. Returned by value:
+/// an `Option` of a map-value pointer gets compiled into pointer arithmetic
+/// (`-flag & ptr`) that the verifier rejects.
 #[inline(always)]
-pub fn config() -> Option<&'static NodeConfig> {
-    let cfg = CONFIG.get(0)?;
+pub fn config() -> Option<NodeConfig> {
+    let cfg = *CONFIG.get(0)?;
     if cfg.flags & rivet_common::config_flags::CONFIGURED == 0 {
         return None;
     }
     Some(cfg)
+}
+
+/// The route covering `addr` (longest prefix), if it is a remote pod subnet.
+#[inline(always)]
+pub fn route(addr: u32) -> Option<RouteInfo> {
+    ROUTES.get(Key::new(32, addr)).copied()
+}
+
+/// The peer node at `addr`, if known.
+#[inline(always)]
+pub fn peer(addr: u32) -> Option<PeerInfo> {
+    // SAFETY: as for `endpoint`: entries are replaced whole.
+    unsafe { PEERS.get(EndpointKey { addr }) }.copied()
 }

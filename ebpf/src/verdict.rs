@@ -2,13 +2,13 @@
 //! functions, so every decision is counted under exactly one `Counter`.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_F_INGRESS, TC_ACT_OK, TC_ACT_SHOT},
     helpers::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
 use rivet_common::Counter;
 
-use crate::maps::STATS;
+use crate::{fib, maps::STATS};
 
 #[inline(always)]
 fn count(ctx: &TcContext, counter: Counter) {
@@ -51,4 +51,19 @@ pub fn redirect(ctx: &TcContext, ifindex: u32, counter: Counter) -> i32 {
     count(ctx, counter);
     // SAFETY: plain helper call; it only records the target and returns a verdict.
     unsafe { bpf_redirect(ifindex, 0) as i32 }
+}
+
+/// Receive on `ifindex` (its ingress), as if it had arrived there.
+#[inline(always)]
+pub fn redirect_ingress(ctx: &TcContext, ifindex: u32, counter: Counter) -> i32 {
+    count(ctx, counter);
+    // SAFETY: plain helper call; it only records the target and returns a verdict.
+    unsafe { bpf_redirect(ifindex, u64::from(BPF_F_INGRESS)) as i32 }
+}
+
+/// Transmit toward the FIB's next hop (another node).
+#[inline(always)]
+pub fn transmit(ctx: &TcContext, hop: &fib::NextHop, counter: Counter) -> i32 {
+    count(ctx, counter);
+    fib::transmit(ctx, hop)
 }

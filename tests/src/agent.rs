@@ -19,6 +19,8 @@ pub struct AgentArgs {
     pub uplink: Option<String>,
     /// Pod CIDR.
     pub pod_cidr: String,
+    /// Cluster CIDR.
+    pub cluster_cidr: String,
     /// State directory.
     pub state_dir: PathBuf,
     /// Socket path.
@@ -41,6 +43,8 @@ impl AgentArgs {
             .arg(&self.node_name)
             .arg("--pod-cidr")
             .arg(&self.pod_cidr)
+            .arg("--cluster-cidr")
+            .arg(&self.cluster_cidr)
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--socket")

@@ -256,6 +256,7 @@ impl World {
             netns: ns.path(),
             uplink: Some("eth0".into()),
             pod_cidr: pod_cidr.clone(),
+            cluster_cidr: format!("10.{}.0.0/16", self.k),
             state_dir: self.dir.join(format!("n{i}-state")),
             socket: self.dir.join(format!("n{i}.sock")),
             log: self.dir.join(format!("n{i}.log")),

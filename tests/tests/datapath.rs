@@ -146,7 +146,7 @@ impl Harness {
                 pod_cidr: ipv4_key([10, 9, 1, 0]),
                 pod_prefix_len: 24,
                 flags: config_flags::CONFIGURED,
-                _pad: 0,
+                ..NodeConfig::default()
             },
             0,
         )

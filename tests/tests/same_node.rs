@@ -364,7 +364,12 @@ fn endpoint_conflicts_and_bad_requests() {
         other => panic!("{other:?}"),
     }
     let attached = status_links(&w, n);
-    assert_eq!(attached.len(), 2, "uplink + one pod: {attached:?}");
+    let pods = attached.keys().filter(|k| k.starts_with("rv")).count();
+    assert_eq!(pods, 1, "one pod attachment: {attached:?}");
+    assert!(
+        attached.contains_key("eth0") && attached.contains_key("rivet_host"),
+        "{attached:?}"
+    );
     // The first pod is intact.
     assert_ping(&w.pods[a].ns, w.nodes[n].ip, 2);
 
@@ -410,7 +415,8 @@ fn vanished_pod_is_reconciled() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let attached = status_links(&w, n);
-    assert_eq!(attached.len(), 2, "uplink + pod b: {attached:?}");
+    let pods = attached.keys().filter(|k| k.starts_with("rv")).count();
+    assert_eq!(pods, 1, "pod b only: {attached:?}");
     let b = w.pods.iter().position(|p| p.ip != gone_ip).unwrap_or(b);
     assert_ping(&w.pods[b].ns, w.nodes[n].ip, 2);
 }

@@ -21,10 +21,12 @@ use tokio::{
 };
 
 use crate::{
-    config::AgentConfig,
+    cluster::{Cluster, ClusterError, RemoteNode},
+    config::{AgentConfig, Mode},
     datapath::{AttachMode, Datapath, DatapathError},
     endpoint::{self, EndpointError, EndpointSettings, Endpoints},
     netlink::{ConnectError, Netlink, NetlinkError},
+    node,
     pins::{self, Hook, PinError, PinLayout, PinLock},
     store::{self, StoreError},
 };
@@ -58,6 +60,12 @@ pub enum AgentError {
     /// The configured uplink does not exist.
     #[error("uplink interface {0} does not exist in the node's network namespace")]
     NoUplink(String),
+    /// Node plumbing failed.
+    #[error(transparent)]
+    Node(#[from] node::NodeError),
+    /// Remote node routes could not be written.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// The socket could not be served.
     #[error("API socket {path}: {source}")]
     Socket {
@@ -76,6 +84,8 @@ pub struct NodeState {
     pub endpoints: Endpoints,
     /// The node's own IPv4 addresses.
     pub local: HashSet<Ipv4Addr>,
+    /// The other nodes.
+    pub cluster: Cluster,
 }
 
 /// A running agent.
@@ -85,6 +95,8 @@ pub struct Agent {
     state: Mutex<NodeState>,
     started: Instant,
     mtu: u32,
+    pod_cidr: ipnet::Ipv4Net,
+    node_ip: Option<Ipv4Addr>,
     _lock: PinLock,
 }
 
@@ -120,6 +132,7 @@ impl Agent {
         cfg: AgentConfig,
         lock: PinLock,
         mut dp: Datapath,
+        pod_cidr: ipnet::Ipv4Net,
     ) -> Result<Self, AgentError> {
         let nl = Netlink::connect()?;
         let addrs = nl.ipv4_addresses().await?;
@@ -131,31 +144,63 @@ impl Agent {
             ),
             None => None,
         };
-        let mtu = cfg.mtu.or(uplink.as_ref().map(|l| l.mtu)).unwrap_or(1500);
-        let node_ip = uplink
-            .as_ref()
-            .and_then(|l| addrs.iter().find(|(i, _)| *i == l.index))
-            .map(|(_, ip)| *ip);
+        // Pods' MTU leaves room for the tunnel on the uplink.
+        let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
+        let mtu = cfg
+            .mtu
+            .unwrap_or_else(|| uplink_mtu.saturating_sub(cfg.mode.overhead()));
+        let uplink_addr = match &uplink {
+            Some(l) => nl.addresses_of(l.index).await?.into_iter().next(),
+            None => None,
+        };
+        let node_ip = uplink_addr.map(|(ip, _)| ip);
+        let uplink_net =
+            uplink_addr.and_then(|(ip, len)| ipnet::Ipv4Net::new(ip, len).ok().map(|n| n.trunc()));
+        node::enable_forwarding()?;
 
-        dp.write_config(NodeConfig {
-            gateway: ipv4_key(cfg.gateway.octets()),
-            node_ip: node_ip.map_or(0, |ip| ipv4_key(ip.octets())),
-            pod_cidr: ipv4_key(cfg.pod_cidr.network().octets()),
-            pod_prefix_len: u32::from(cfg.pod_cidr.prefix_len()),
-            flags: config_flags::CONFIGURED,
-            _pad: 0,
-        })?;
         let local: HashSet<Ipv4Addr> = addrs.iter().map(|(_, ip)| *ip).collect();
         dp.set_local_addrs(&local.iter().copied().collect::<Vec<_>>())?;
-        if let Some(uplink) = &uplink {
+        let mut config = NodeConfig {
+            gateway: ipv4_key(cfg.gateway.octets()),
+            node_ip: node_ip.map_or(0, |ip| ipv4_key(ip.octets())),
+            pod_cidr: ipv4_key(pod_cidr.network().octets()),
+            pod_prefix_len: u32::from(pod_cidr.prefix_len()),
+            flags: config_flags::CONFIGURED,
+            uplink_ifindex: uplink.as_ref().map_or(0, |l| l.index),
+            host_ifindex: 0,
+            vni: cfg.vni,
+            vxlan_port: u32::from(cfg.vxlan_port),
+            uplink_mtu,
+            vtep_mac: node_ip.map_or([0; 6], node::vtep_mac_for),
+            host_mac: [0; 6],
+        };
+        if let (Some(uplink), Some(node_ip)) = (&uplink, node_ip) {
+            // The node's own way to remote pods, then the uplink program.
+            let host = node::host_device(&nl, cfg.cluster_cidr, node_ip, mtu).await?;
+            config.host_ifindex = host.index;
+            config.host_mac = host.mac;
+            dp.write_config(config)?;
+            dp.attach(program_names::FROM_HOST, node::HOST_DEV, Hook::Egress)?;
+            if matches!(cfg.mode, Mode::Vxlan | Mode::Hybrid)
+                && let Err(e) = node::vxlan_gro_device(&nl, cfg.vxlan_port).await
+            {
+                tracing::warn!(error = %e, "no idle vxlan device: VXLAN receive GRO depends on the NIC");
+            }
             let link = dp.attach(program_names::FROM_UPLINK, &uplink.name, Hook::Ingress)?;
-            tracing::info!(interface = %uplink.name, link_id = link.link_id, program_id = link.program_id, "uplink attached");
+            tracing::info!(interface = %uplink.name, %node_ip, link_id = link.link_id, program_id = link.program_id, "uplink attached");
+        } else {
+            dp.write_config(config)?;
+            if let Some(uplink) = &uplink {
+                tracing::warn!(interface = %uplink.name, "uplink has no IPv4 address: no cross-node traffic");
+            }
         }
+        let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
+        cluster.restore(&dp)?;
 
         store::create_private_dir(&cfg.state_dir)?;
         let mut endpoints = Endpoints::open(
             EndpointSettings {
-                pod_cidr: cfg.pod_cidr,
+                pod_cidr,
                 gateway: cfg.gateway,
                 mtu,
                 attach: cfg.pod_attach,
@@ -168,7 +213,11 @@ impl Agent {
             .await?;
         tracing::info!(
             node = %cfg.node_name,
+            mode = cfg.mode.as_str(),
+            %pod_cidr,
+            mtu,
             endpoints = endpoints.len(),
+            nodes = cluster.len(),
             pin_dir = %cfg.pin_dir.display(),
             "datapath ready"
         );
@@ -179,9 +228,12 @@ impl Agent {
                 dp,
                 endpoints,
                 local,
+                cluster,
             }),
             started: Instant::now(),
             mtu,
+            pod_cidr,
+            node_ip,
             _lock: lock,
         })
     }
@@ -201,8 +253,35 @@ impl Agent {
             dp,
             endpoints,
             local,
+            cluster,
         } = &mut *state;
         match request {
+            Request::NodeSet(entry) => {
+                let node = RemoteNode::from_entry(&entry, self.cfg.vni)
+                    .map_err(|e| ApiError::new(ErrorKind::BadRequest, e.to_string()))?;
+                let changed = cluster
+                    .upsert(dp, node)
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+                tracing::info!(subnet = %entry.subnet, node_ip = %entry.node_ip, changed, "node set");
+                Ok(Response::Nodes {
+                    nodes: cluster.list(),
+                })
+            }
+            Request::NodeDel { subnet } => {
+                let net: ipnet::Ipv4Net = subnet.parse().map_err(|_| {
+                    ApiError::new(
+                        ErrorKind::BadRequest,
+                        format!("subnet {subnet:?} is not an IPv4 CIDR"),
+                    )
+                })?;
+                let existed = cluster
+                    .remove(dp, net)
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+                Ok(Response::Deleted { existed })
+            }
+            Request::NodeList {} => Ok(Response::Nodes {
+                nodes: cluster.list(),
+            }),
             Request::EndpointAdd(spec) => {
                 let ep = endpoints.add(spec, &self.nl, dp, local).await?;
                 let store = endpoints.store().clone();
@@ -295,13 +374,23 @@ impl Agent {
                     version: env!("CARGO_PKG_VERSION").to_owned(),
                     node_name: self.cfg.node_name.clone(),
                     uptime_secs: self.started.elapsed().as_secs(),
-                    pod_cidr: self.cfg.pod_cidr.to_string(),
+                    pod_cidr: self.pod_cidr.to_string(),
                     gateway: self.cfg.gateway,
                     mtu: self.mtu,
                     pin_dir: self.cfg.pin_dir.display().to_string(),
                     endpoints: endpoints.len(),
                     attachments,
                     pool: endpoints.pool(),
+                    mode: self.cfg.mode.as_str().to_owned(),
+                    cluster_cidr: self.cfg.cluster_cidr.to_string(),
+                    node_ip: self.node_ip,
+                    nodes: cluster.len(),
+                    store: if self.cfg.etcd.is_some() {
+                        "etcd"
+                    } else {
+                        "single-node"
+                    }
+                    .to_owned(),
                 }))
             }
         }
@@ -315,6 +404,7 @@ impl Agent {
             dp,
             endpoints,
             local,
+            ..
         } = &mut *state;
         *local = addrs.iter().map(|(_, ip)| *ip).collect();
         dp.set_local_addrs(&local.iter().copied().collect::<Vec<_>>())?;
@@ -331,7 +421,11 @@ impl Agent {
 }
 
 fn keep_links(cfg: &AgentConfig) -> Vec<String> {
-    cfg.uplink.iter().cloned().collect()
+    cfg.uplink
+        .iter()
+        .cloned()
+        .chain(std::iter::once(node::HOST_DEV.to_owned()))
+        .collect()
 }
 
 /// Binds the API socket: parent directory 0700, stale socket replaced (the

@@ -16,6 +16,79 @@ pub const DEFAULT_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 /// Default node pod CIDR in single-node mode.
 pub const DEFAULT_POD_CIDR: &str = "10.244.0.0/24";
+/// Default cluster CIDR (all nodes' pod CIDRs).
+pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// Default VXLAN network identifier (flannel's).
+pub const DEFAULT_VNI: u32 = 1;
+/// Default VXLAN UDP port (flannel's, Linux's historical default).
+pub const DEFAULT_VXLAN_PORT: u16 = 8472;
+/// Default etcd key prefix (flannel's is /coreos.com/network).
+pub const DEFAULT_ETCD_PREFIX: &str = "/rivet.io/network";
+
+/// How traffic to pods on other nodes travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// VXLAN encapsulation in BPF (default).
+    #[default]
+    Vxlan,
+    /// IP-in-IP encapsulation in BPF.
+    Ipip,
+    /// No encapsulation: nodes share an L2 and route to each other's pods
+    /// (flannel host-gw).
+    Native,
+    /// Native toward nodes on the uplink's subnet, VXLAN toward the others
+    /// (flannel's DirectRouting).
+    Hybrid,
+}
+
+impl Mode {
+    /// Bytes the worst-case path adds to a pod packet (pod MTU = uplink − this).
+    pub const fn overhead(self) -> u32 {
+        match self {
+            Mode::Vxlan | Mode::Hybrid => rivet_common::VXLAN_OVERHEAD,
+            Mode::Ipip => rivet_common::IPIP_OVERHEAD,
+            Mode::Native => 0,
+        }
+    }
+
+    /// Name as in the configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::Vxlan => "vxlan",
+            Mode::Ipip => "ipip",
+            Mode::Native => "native",
+            Mode::Hybrid => "hybrid",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vxlan" => Ok(Mode::Vxlan),
+            "ipip" => Ok(Mode::Ipip),
+            "native" => Ok(Mode::Native),
+            "hybrid" => Ok(Mode::Hybrid),
+            other => Err(format!(
+                "{other:?} is not a mode (vxlan, ipip, native, hybrid)"
+            )),
+        }
+    }
+}
+
+/// Cluster state in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// Endpoints (`http://127.0.0.1:2379`).
+    pub endpoints: Vec<String>,
+    /// Key prefix.
+    pub prefix: String,
+    /// Registration lease TTL in seconds.
+    pub lease_ttl: u64,
+}
 
 /// Configuration problems. Each names the key and the value.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +147,20 @@ pub struct FileConfig {
     pub socket: Option<PathBuf>,
     /// How programs attach to pod veths: `tc` (default) or `tcx`.
     pub pod_attach: Option<crate::datapath::AttachMode>,
+    /// Cross-node mode.
+    pub mode: Option<Mode>,
+    /// Cluster CIDR.
+    pub cluster_cidr: Option<String>,
+    /// VXLAN network identifier.
+    pub vni: Option<u32>,
+    /// VXLAN UDP port.
+    pub vxlan_port: Option<u16>,
+    /// etcd endpoints (cluster mode); empty = single node.
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// etcd key prefix.
+    pub etcd_prefix: Option<String>,
+    /// Lifetime of the node's registration in etcd, seconds (kept alive).
+    pub etcd_lease_ttl: Option<u64>,
 }
 
 impl FileConfig {
@@ -116,6 +203,13 @@ impl FileConfig {
             state_dir: other.state_dir.or(self.state_dir),
             socket: other.socket.or(self.socket),
             pod_attach: other.pod_attach.or(self.pod_attach),
+            mode: other.mode.or(self.mode),
+            cluster_cidr: other.cluster_cidr.or(self.cluster_cidr),
+            vni: other.vni.or(self.vni),
+            vxlan_port: other.vxlan_port.or(self.vxlan_port),
+            etcd_endpoints: other.etcd_endpoints.or(self.etcd_endpoints),
+            etcd_prefix: other.etcd_prefix.or(self.etcd_prefix),
+            etcd_lease_ttl: other.etcd_lease_ttl.or(self.etcd_lease_ttl),
         }
     }
 }
@@ -145,6 +239,16 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     /// Attach mode for pod veths.
     pub pod_attach: crate::datapath::AttachMode,
+    /// Cross-node mode.
+    pub mode: Mode,
+    /// Cluster CIDR (every node's pod CIDR is inside it).
+    pub cluster_cidr: Ipv4Net,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// VXLAN UDP port.
+    pub vxlan_port: u16,
+    /// etcd settings; `None` = single node (routes only through the API).
+    pub etcd: Option<EtcdSettings>,
     /// Test hook: make endpoint ADD fail at this step (from the environment
     /// variable `RIVET_FAIL_ADD_AT`; never set in production).
     pub fail_add_at: Option<String>,
@@ -291,6 +395,79 @@ impl AgentConfig {
             ));
         }
 
+        let cluster_text = file
+            .cluster_cidr
+            .unwrap_or_else(|| DEFAULT_CLUSTER_CIDR.to_owned());
+        let cluster_cidr: Ipv4Net = cluster_text.parse().map_err(|_| {
+            invalid(
+                "cluster_cidr",
+                &cluster_text,
+                "not an IPv4 CIDR like 10.244.0.0/16",
+            )
+        })?;
+        if cluster_cidr.network() != cluster_cidr.addr() || cluster_cidr.prefix_len() > 28 {
+            return Err(invalid(
+                "cluster_cidr",
+                &cluster_text,
+                "must be a network address with prefix length ≤ 28",
+            ));
+        }
+        let etcd = match file.etcd_endpoints {
+            Some(eps) if !eps.is_empty() => {
+                for ep in &eps {
+                    if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                        return Err(invalid("etcd_endpoints", ep, "use http://host:port"));
+                    }
+                }
+                let prefix = file
+                    .etcd_prefix
+                    .unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_owned());
+                if !prefix.starts_with('/') || prefix.ends_with('/') {
+                    return Err(invalid(
+                        "etcd_prefix",
+                        &prefix,
+                        "must start with '/' and not end with one",
+                    ));
+                }
+                let lease_ttl = file.etcd_lease_ttl.unwrap_or(10);
+                if !(2..=86_400).contains(&lease_ttl) {
+                    return Err(invalid(
+                        "etcd_lease_ttl",
+                        lease_ttl,
+                        "must be 2..=86400 seconds",
+                    ));
+                }
+                Some(EtcdSettings {
+                    endpoints: eps,
+                    prefix,
+                    lease_ttl,
+                })
+            }
+            _ => None,
+        };
+        if etcd.is_none() && !cluster_cidr.contains(&pod_cidr) {
+            return Err(invalid(
+                "pod_cidr",
+                &cidr_text,
+                format!("must be inside the cluster CIDR {cluster_cidr}"),
+            ));
+        }
+        if cluster_cidr.contains(&gateway) {
+            return Err(invalid(
+                "gateway",
+                gateway,
+                format!("must be outside the cluster CIDR {cluster_cidr}"),
+            ));
+        }
+        let vni = file.vni.unwrap_or(DEFAULT_VNI);
+        if vni == 0 || vni > 0x00ff_ffff {
+            return Err(invalid("vni", vni, "must be 1..=16777215"));
+        }
+        let vxlan_port = file.vxlan_port.unwrap_or(DEFAULT_VXLAN_PORT);
+        if vxlan_port == 0 {
+            return Err(invalid("vxlan_port", vxlan_port, "must be 1..=65535"));
+        }
+
         let fail_add_at = std::env::var("RIVET_FAIL_ADD_AT")
             .ok()
             .filter(|s| !s.is_empty());
@@ -315,6 +492,11 @@ impl AgentConfig {
             state_dir,
             socket,
             pod_attach: file.pod_attach.unwrap_or_default(),
+            mode: file.mode.unwrap_or_default(),
+            cluster_cidr,
+            vni,
+            vxlan_port,
+            etcd,
             fail_add_at,
         })
     }
@@ -365,6 +547,16 @@ mod tests {
             ("node_name = \"bad name\"", "node_name"),
             ("pin_dir = \"/tmp/x\"", "pin_dir"),
             ("socket = \"relative.sock\"", "socket"),
+            ("pod_cidr = \"10.9.0.0/24\"", "pod_cidr"),
+            ("cluster_cidr = \"10.0.0.1/8\"", "cluster_cidr"),
+            ("vni = 0", "vni"),
+            ("vni = 16777216", "vni"),
+            ("mode = \"gre\"", "mode"),
+            ("etcd_endpoints = [\"127.0.0.1:2379\"]", "etcd_endpoints"),
+            (
+                "etcd_endpoints = [\"http://x\"]\netcd_prefix = \"nope\"",
+                "etcd_prefix",
+            ),
         ] {
             let err = resolve(toml).expect_err(toml).to_string();
             assert!(err.contains(key), "{toml}: {err}");

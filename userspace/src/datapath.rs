@@ -10,16 +10,17 @@ use std::{net::Ipv4Addr, path::PathBuf};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, MapError, MapType, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, MapType, PerCpuArray, lpm_trie::Key},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         links::{FdLink, LinkError, PinnedLink},
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     },
 };
+use ipnet::Ipv4Net;
 use rivet_common::{
-    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, NodeConfig, StatsEntry, ipv4_from_key,
-    ipv4_key, map_names, program_names,
+    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, NodeConfig, PeerInfo, RouteInfo, StatsEntry,
+    ipv4_from_key, ipv4_key, map_names, program_names,
 };
 
 use crate::pins::{Hook, PinError, PinLayout, remove_file_if_exists};
@@ -99,7 +100,19 @@ pub enum DatapathError {
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 4] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 6] = [
+    (
+        map_names::ROUTES,
+        MapType::LpmTrie,
+        size_of::<u32>() + size_of::<u32>(),
+        size_of::<RouteInfo>(),
+    ),
+    (
+        map_names::PEERS,
+        MapType::Hash,
+        size_of::<EndpointKey>(),
+        size_of::<PeerInfo>(),
+    ),
     (
         map_names::ENDPOINTS,
         MapType::Hash,
@@ -166,7 +179,11 @@ pub const TC_PRIORITY: u16 = 1;
 pub const TC_HANDLE: TcHandle = TcHandle::new(0, 1);
 
 /// Every program of the object and where it attaches.
-pub const PROGRAMS: [&str; 2] = [program_names::FROM_POD, program_names::FROM_UPLINK];
+pub const PROGRAMS: [&str; 3] = [
+    program_names::FROM_POD,
+    program_names::FROM_UPLINK,
+    program_names::FROM_HOST,
+];
 
 /// A program attached through a pinned link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -587,6 +604,111 @@ impl Datapath {
             hash.insert(key, 1, 0).map_err(map_err(name))?;
         }
         Ok(())
+    }
+
+    fn routes_mut(&mut self) -> Result<LpmTrie<&mut MapData, u32, RouteInfo>, DatapathError> {
+        let name = map_names::ROUTES;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        LpmTrie::try_from(map).map_err(map_err(name))
+    }
+
+    /// Inserts or replaces the route for a remote pod subnet.
+    pub fn put_route(&mut self, subnet: Ipv4Net, info: RouteInfo) -> Result<(), DatapathError> {
+        let key = Key::new(
+            u32::from(subnet.prefix_len()),
+            ipv4_key(subnet.network().octets()),
+        );
+        self.routes_mut()?
+            .insert(&key, info, 0)
+            .map_err(map_err(map_names::ROUTES))
+    }
+
+    /// Removes the route for `subnet`; false if there was none.
+    pub fn remove_route(&mut self, subnet: Ipv4Net) -> Result<bool, DatapathError> {
+        let key = Key::new(
+            u32::from(subnet.prefix_len()),
+            ipv4_key(subnet.network().octets()),
+        );
+        match self.routes_mut()?.remove(&key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(map_err(map_names::ROUTES)(e)),
+        }
+    }
+
+    /// Every route.
+    pub fn list_routes(&self) -> Result<Vec<(Ipv4Net, RouteInfo)>, DatapathError> {
+        let name = map_names::ROUTES;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let trie: LpmTrie<&MapData, u32, RouteInfo> =
+            LpmTrie::try_from(map).map_err(map_err(name))?;
+        let mut out = Vec::new();
+        for item in trie.iter() {
+            let (k, v) = item.map_err(map_err(name))?;
+            let net = Ipv4Net::new(
+                std::net::Ipv4Addr::from(ipv4_from_key(k.data())),
+                k.prefix_len() as u8,
+            )
+            .map_err(|_| map_err(name)(MapError::KeyNotFound))?;
+            out.push((net, v));
+        }
+        out.sort_by_key(|(n, _)| *n);
+        Ok(out)
+    }
+
+    fn peers_mut(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, PeerInfo>, DatapathError> {
+        let name = map_names::PEERS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// Inserts or replaces a peer node.
+    pub fn put_peer(&mut self, node_ip: Ipv4Addr, info: PeerInfo) -> Result<(), DatapathError> {
+        let key = EndpointKey {
+            addr: ipv4_key(node_ip.octets()),
+        };
+        self.peers_mut()?
+            .insert(key, info, 0)
+            .map_err(map_err(map_names::PEERS))
+    }
+
+    /// Removes a peer node; false if it was not there.
+    pub fn remove_peer(&mut self, node_ip: Ipv4Addr) -> Result<bool, DatapathError> {
+        let key = EndpointKey {
+            addr: ipv4_key(node_ip.octets()),
+        };
+        match self.peers_mut()?.remove(&key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(map_err(map_names::PEERS)(e)),
+        }
+    }
+
+    /// Every peer node.
+    pub fn list_peers(&self) -> Result<Vec<(Ipv4Addr, PeerInfo)>, DatapathError> {
+        let name = map_names::PEERS;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let hash: HashMap<&MapData, EndpointKey, PeerInfo> =
+            HashMap::try_from(map).map_err(map_err(name))?;
+        let mut out = Vec::new();
+        for item in hash.iter() {
+            let (k, v) = item.map_err(map_err(name))?;
+            out.push((Ipv4Addr::from(ipv4_from_key(k.addr)), v));
+        }
+        out.sort_by_key(|(ip, _)| *ip);
+        Ok(out)
     }
 
     /// Every counter summed over CPUs, in index order.

@@ -12,9 +12,12 @@
 //! | [`ipam`] | choosing pod addresses (ranges, round-robin) |
 //! | [`store`] | crash-safe records |
 //! | [`install`] | CNI binary + conflist onto a node |
+//! | [`node`] | node devices (`rivet_host`, idle vxlan), forwarding |
+//! | [`cluster`] | remote nodes → ROUTES and PEERS maps |
 //! | [`agent`] | the agent: start-up, API server, reconciliation |
 
 pub mod agent;
+pub mod cluster;
 pub mod config;
 pub mod datapath;
 pub mod endpoint;
@@ -22,5 +25,6 @@ pub mod install;
 pub mod ipam;
 pub mod netlink;
 pub mod netns;
+pub mod node;
 pub mod pins;
 pub mod store;

@@ -8,7 +8,7 @@ use std::{
 
 use futures_util::TryStreamExt as _;
 use rtnetlink::{
-    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
     packet_route::{
         address::AddressAttribute,
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
@@ -198,6 +198,88 @@ impl Netlink {
             .execute()
             .await
             .map_err(ctx(format!("creating veth {host} (peer {peer})")))
+    }
+
+    /// Creates a veth pair with both ends in this namespace.
+    pub async fn create_veth_pair(&self, a: &str, b: &str, mtu: u32) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .add(LinkVeth::new(a, b).mtu(mtu).build())
+            .execute()
+            .await
+            .map_err(ctx(format!("creating veth {a} (peer {b})")))
+    }
+
+    /// Creates an external (collect-metadata) vxlan device bound to `port`,
+    /// learning off.
+    pub async fn create_vxlan_external(&self, name: &str, port: u16) -> Result<(), NetlinkError> {
+        let msg = LinkVxlan::new(name, 0)
+            .port(port)
+            .collect_metadata(true)
+            .learning(false)
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(ctx(format!("creating vxlan device {name} (port {port})")))
+    }
+
+    /// Sets MTU, ARP and up state of a link.
+    pub async fn configure_link(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        arp: bool,
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .mtu(mtu)
+                    .arp(arp)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(ctx(format!("configuring {name} (mtu {mtu})")))
+    }
+
+    /// `ip route replace <dst>/<len> dev <index> src <src> scope link`.
+    pub async fn replace_link_route_src(
+        &self,
+        dst: Ipv4Addr,
+        prefix: u8,
+        index: u32,
+        name: &str,
+        src: Ipv4Addr,
+        mtu: Option<u32>,
+    ) -> Result<(), NetlinkError> {
+        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst, prefix)
+            .output_interface(index)
+            .pref_source(src)
+            .scope(RouteScope::Link);
+        if let Some(mtu) = mtu {
+            builder
+                .get_mut()
+                .attributes
+                .push(RouteAttribute::Metrics(vec![
+                    rtnetlink::packet_route::route::RouteMetric::Mtu(mtu),
+                ]));
+        }
+        self.handle
+            .route()
+            .add(builder.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(ctx(format!(
+                "replacing route {dst}/{prefix} dev {name} src {src}"
+            )))
     }
 
     /// Sets a link up.

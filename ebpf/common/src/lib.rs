@@ -19,9 +19,13 @@ pub mod map_names {
     pub const CONFIG: &str = "CONFIG";
     /// Addresses owned by the node itself: [`crate::EndpointKey`] → `u32` flags.
     pub const LOCAL_ADDRS: &str = "LOCAL_ADDRS";
+    /// Remote pod subnets (LPM): `Key<u32>` → [`crate::RouteInfo`].
+    pub const ROUTES: &str = "ROUTES";
+    /// Other nodes (tunnel endpoints): [`crate::EndpointKey`] (node IP) → [`crate::PeerInfo`].
+    pub const PEERS: &str = "PEERS";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 4] = [ENDPOINTS, STATS, CONFIG, LOCAL_ADDRS];
+    pub const ALL: [&str; 6] = [ENDPOINTS, STATS, CONFIG, LOCAL_ADDRS, ROUTES, PEERS];
 }
 
 /// Names of the programs in the object.
@@ -30,12 +34,58 @@ pub mod program_names {
     pub const FROM_POD: &str = "from_pod";
     /// TC ingress on the node's uplink: traffic arriving at the node.
     pub const FROM_UPLINK: &str = "from_uplink";
+    /// TC egress on the node's host device (`rivet_host`): the node's own
+    /// traffic to pods on other nodes.
+    pub const FROM_HOST: &str = "from_host";
 }
 
 /// Capacity of the endpoints map (pods per node).
 pub const ENDPOINTS_MAX: u32 = 16_384;
 /// Capacity of the node-local address map.
 pub const LOCAL_ADDRS_MAX: u32 = 256;
+/// Capacity of the routes map (remote pod subnets).
+pub const ROUTES_MAX: u32 = 4096;
+/// Capacity of the peers map (other nodes).
+pub const PEERS_MAX: u32 = 4096;
+
+/// Bytes VXLAN encapsulation adds: outer IPv4 + UDP + VXLAN + inner Ethernet.
+pub const VXLAN_OVERHEAD: u32 = 50;
+/// Bytes IPIP encapsulation adds: outer IPv4.
+pub const IPIP_OVERHEAD: u32 = 20;
+
+/// Value of the routes map: how to reach a remote pod subnet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// The node owning the subnet, wire order.
+    pub node_ip: u32,
+    /// One of [`route_mode`].
+    pub mode: u32,
+}
+
+/// How a route's traffic leaves the node.
+pub mod route_mode {
+    /// VXLAN (RFC 7348) encapsulation done in BPF.
+    pub const VXLAN: u32 = 1;
+    /// IP-in-IP (protocol 4) encapsulation done in BPF.
+    pub const IPIP: u32 = 2;
+    /// No encapsulation: the peer node is the next hop on a shared L2.
+    pub const NATIVE: u32 = 3;
+}
+
+/// Value of the peers map: a remote node's tunnel endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// MAC of the peer's VTEP (inner Ethernet destination of VXLAN frames).
+    pub vtep_mac: [u8; 6],
+    /// Reserved, zero.
+    pub _pad: [u8; 2],
+    /// VNI the peer uses.
+    pub vni: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
 
 /// Key of the endpoints and local-address maps: an IPv4 address in wire order.
 #[repr(C)]
@@ -79,8 +129,20 @@ pub struct NodeConfig {
     pub pod_prefix_len: u32,
     /// [`config_flags`] bits.
     pub flags: u32,
-    /// Reserved, keeps the struct 8-byte sized for future u64 fields.
-    pub _pad: u32,
+    /// ifindex of the uplink (0: none).
+    pub uplink_ifindex: u32,
+    /// ifindex of the host device `rivet_host` (0: none).
+    pub host_ifindex: u32,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// VXLAN UDP port, host order.
+    pub vxlan_port: u32,
+    /// MTU of the uplink.
+    pub uplink_mtu: u32,
+    /// MAC used as this node's VTEP (inner Ethernet source of VXLAN frames).
+    pub vtep_mac: [u8; 6],
+    /// MAC of `rivet_host` (destination MAC of traffic delivered to the node).
+    pub host_mac: [u8; 6],
 }
 
 /// Bits of [`NodeConfig::flags`].
@@ -124,6 +186,24 @@ pub enum Counter {
     PassTtl = 5,
     /// Seen on the uplink and passed to the stack.
     UplinkPass = 6,
+    /// Sent to a remote node in VXLAN.
+    FwdEncapVxlan = 7,
+    /// Sent to a remote node in IPIP.
+    FwdEncapIpip = 8,
+    /// Sent to a remote node natively (next hop = the node).
+    FwdNative = 9,
+    /// VXLAN from a peer, decapsulated and delivered to a pod.
+    DecapVxlan = 10,
+    /// IPIP from a peer, decapsulated and delivered to a pod.
+    DecapIpip = 11,
+    /// A peer's pod traffic (native) delivered to a local pod.
+    FwdFromPeer = 12,
+    /// Remote pod traffic for the node itself, delivered to `rivet_host`.
+    DeliverHost = 13,
+    /// A too-big packet answered with ICMP fragmentation-needed.
+    IcmpFragNeeded = 14,
+    /// The node's own packet for a remote pod, passed (no route).
+    HostPass = 15,
 
     /// Frame shorter than its Ethernet/ARP/IPv4 headers.
     DropTruncated = 32,
@@ -141,6 +221,22 @@ pub enum Counter {
     DropUnsupportedL3 = 38,
     /// The agent has not configured the node yet.
     DropNotConfigured = 39,
+    /// Tunnel packet from an address that is not a known node.
+    DropTunnelUnknownPeer = 40,
+    /// VXLAN with a wrong VNI or flags.
+    DropTunnelBadVni = 41,
+    /// Tunnel packet too short, truncated inner packet, fragmented or with options.
+    DropTunnelMalformed = 42,
+    /// Decapsulated packet for an address that is neither a local pod nor the node.
+    DropTunnelNoEndpoint = 43,
+    /// A pod sent VXLAN/IPIP to a node address (tunnel injection).
+    DropTunnelFromPod = 44,
+    /// No route to the peer node in the FIB.
+    DropNoRoute = 45,
+    /// The kernel refused to add or remove tunnel headers.
+    DropEncapFailed = 46,
+    /// Too big for the uplink and the ICMP answer could not be built.
+    DropTooBig = 47,
 }
 
 impl Counter {
@@ -148,7 +244,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 32] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -156,6 +252,15 @@ impl Counter {
         Counter::ArpPass,
         Counter::PassTtl,
         Counter::UplinkPass,
+        Counter::FwdEncapVxlan,
+        Counter::FwdEncapIpip,
+        Counter::FwdNative,
+        Counter::DecapVxlan,
+        Counter::DecapIpip,
+        Counter::FwdFromPeer,
+        Counter::DeliverHost,
+        Counter::IcmpFragNeeded,
+        Counter::HostPass,
         Counter::DropTruncated,
         Counter::DropBadIpHeader,
         Counter::DropSpoofedIp,
@@ -164,6 +269,14 @@ impl Counter {
         Counter::DropArpUnsupported,
         Counter::DropUnsupportedL3,
         Counter::DropNotConfigured,
+        Counter::DropTunnelUnknownPeer,
+        Counter::DropTunnelBadVni,
+        Counter::DropTunnelMalformed,
+        Counter::DropTunnelNoEndpoint,
+        Counter::DropTunnelFromPod,
+        Counter::DropNoRoute,
+        Counter::DropEncapFailed,
+        Counter::DropTooBig,
     ];
 
     /// Index in the stats map.
@@ -186,6 +299,15 @@ impl Counter {
             Counter::ArpPass => "arp_pass",
             Counter::PassTtl => "pass_ttl_exceeded",
             Counter::UplinkPass => "uplink_pass",
+            Counter::FwdEncapVxlan => "fwd_encap_vxlan",
+            Counter::FwdEncapIpip => "fwd_encap_ipip",
+            Counter::FwdNative => "fwd_native",
+            Counter::DecapVxlan => "decap_vxlan",
+            Counter::DecapIpip => "decap_ipip",
+            Counter::FwdFromPeer => "fwd_from_peer",
+            Counter::DeliverHost => "deliver_host",
+            Counter::IcmpFragNeeded => "icmp_frag_needed",
+            Counter::HostPass => "host_pass",
             Counter::DropTruncated => "drop_truncated",
             Counter::DropBadIpHeader => "drop_bad_ip_header",
             Counter::DropSpoofedIp => "drop_spoofed_ip",
@@ -194,6 +316,14 @@ impl Counter {
             Counter::DropArpUnsupported => "drop_arp_unsupported",
             Counter::DropUnsupportedL3 => "drop_unsupported_l3",
             Counter::DropNotConfigured => "drop_not_configured",
+            Counter::DropTunnelUnknownPeer => "drop_tunnel_unknown_peer",
+            Counter::DropTunnelBadVni => "drop_tunnel_bad_vni",
+            Counter::DropTunnelMalformed => "drop_tunnel_malformed",
+            Counter::DropTunnelNoEndpoint => "drop_tunnel_no_endpoint",
+            Counter::DropTunnelFromPod => "drop_tunnel_from_pod",
+            Counter::DropNoRoute => "drop_no_route",
+            Counter::DropEncapFailed => "drop_encap_failed",
+            Counter::DropTooBig => "drop_too_big",
         }
     }
 
@@ -224,12 +354,18 @@ mod pod {
     unsafe impl aya::Pod for super::NodeConfig {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::StatsEntry {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::RouteInfo {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::PeerInfo {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
 const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 4 + 4 + 6 + 6);
-const _: () = assert!(core::mem::size_of::<NodeConfig>() == 6 * 4);
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 10 * 4 + 12);
+const _: () = assert!(core::mem::size_of::<RouteInfo>() == 8);
+const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
 const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
 
 #[cfg(test)]

@@ -62,6 +62,15 @@ pub enum Request {
     EndpointList {},
     /// Remove every attachment not in `valid` (CNI GC).
     Gc(GcRequest),
+    /// Add or update a remote node (its pod subnet and address).
+    NodeSet(NodeEntry),
+    /// Forget the remote node owning `subnet`.
+    NodeDel {
+        /// The node's pod subnet.
+        subnet: String,
+    },
+    /// List the remote nodes (routes and peers).
+    NodeList {},
     /// Datapath counters, summed over CPUs.
     Stats {},
     /// Agent and datapath status.
@@ -193,6 +202,25 @@ pub struct Bandwidth {
     /// Burst out of the pod.
     #[serde(default)]
     pub egress_burst: Option<u64>,
+}
+
+/// A remote node as the datapath routes to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// Its pod subnet (CIDR).
+    pub subnet: String,
+    /// Its uplink address.
+    pub node_ip: Ipv4Addr,
+    /// Its VTEP MAC (default: derived from the address).
+    #[serde(default)]
+    pub vtep_mac: Option<String>,
+    /// Its VNI (default: ours).
+    #[serde(default)]
+    pub vni: Option<u32>,
+    /// How it is reached (`vxlan`, `ipip`, `native`); output only.
+    #[serde(default)]
+    pub route: Option<String>,
 }
 
 /// Names an attachment.
@@ -348,6 +376,16 @@ pub struct AgentStatus {
     pub attachments: Vec<Attachment>,
     /// Address pool of the node.
     pub pool: PoolStatus,
+    /// Cross-node mode.
+    pub mode: String,
+    /// Cluster CIDR.
+    pub cluster_cidr: String,
+    /// The node's uplink address, if it has an uplink.
+    pub node_ip: Option<Ipv4Addr>,
+    /// Remote nodes known.
+    pub nodes: usize,
+    /// Cluster store state (`single-node`, `synced`, `connecting`, ...).
+    pub store: String,
 }
 
 /// Address pool usage.
@@ -384,6 +422,11 @@ pub enum Response {
     },
     /// Every resource of the attachment is in place.
     Checked {},
+    /// Remote nodes.
+    Nodes {
+        /// By subnet.
+        nodes: Vec<NodeEntry>,
+    },
     /// Result of a GC.
     Collected {
         /// The attachments that were removed.

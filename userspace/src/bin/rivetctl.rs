@@ -39,6 +39,13 @@ enum Command {
         #[command(subcommand)]
         action: EndpointAction,
     },
+    /// Remote nodes: their pod subnets, addresses and how they are reached.
+    Nodes,
+    /// Add, update or remove a remote node by hand (static clusters).
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+    },
     /// Datapath counters (verdicts and drop reasons).
     Stats {
         /// Also show counters that are zero.
@@ -65,6 +72,28 @@ enum Command {
     },
     /// Print the rivetctl version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Add or update a node.
+    Set {
+        /// Its pod subnet.
+        #[arg(long)]
+        subnet: String,
+        /// Its uplink address.
+        #[arg(long)]
+        node_ip: Ipv4Addr,
+        /// Its VTEP MAC (default: derived from the address).
+        #[arg(long)]
+        vtep_mac: Option<String>,
+    },
+    /// Forget a node.
+    Del {
+        /// Its pod subnet.
+        #[arg(long)]
+        subnet: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -156,6 +185,23 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Status => Request::Status {},
         Command::Endpoints => Request::EndpointList {},
+        Command::Nodes => Request::NodeList {},
+        Command::Node { action } => match action {
+            NodeAction::Set {
+                subnet,
+                node_ip,
+                vtep_mac,
+            } => Request::NodeSet(rivet_api::NodeEntry {
+                subnet: subnet.clone(),
+                node_ip: *node_ip,
+                vtep_mac: vtep_mac.clone(),
+                vni: None,
+                route: None,
+            }),
+            NodeAction::Del { subnet } => Request::NodeDel {
+                subnet: subnet.clone(),
+            },
+        },
         Command::Stats { .. } => Request::Stats {},
         Command::Endpoint { action } => match action {
             EndpointAction::Add {
@@ -219,6 +265,22 @@ fn print_table(response: &Response, show_all: bool) {
             }
         }
         Response::Checked {} => println!("ok: every resource is in place"),
+        Response::Nodes { nodes } => {
+            println!(
+                "{:<18} {:<15} {:<17} {:>8} ROUTE",
+                "SUBNET", "NODE-IP", "VTEP-MAC", "VNI"
+            );
+            for n in nodes {
+                println!(
+                    "{:<18} {:<15} {:<17} {:>8} {}",
+                    n.subnet,
+                    n.node_ip.to_string(),
+                    n.vtep_mac.as_deref().unwrap_or("-"),
+                    n.vni.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                    n.route.as_deref().unwrap_or("-")
+                );
+            }
+        }
         Response::Collected { removed } => {
             println!("removed {} attachment(s)", removed.len());
             for r in removed {

@@ -53,6 +53,27 @@ struct Cli {
     /// How programs attach to pod veths: tc (netlink cls_bpf, default) or tcx.
     #[arg(long)]
     pod_attach: Option<rivet::datapath::AttachMode>,
+    /// Cross-node mode: vxlan (default), ipip, native, hybrid.
+    #[arg(long)]
+    mode: Option<rivet::config::Mode>,
+    /// Cluster CIDR (all nodes' pod CIDRs).
+    #[arg(long)]
+    cluster_cidr: Option<String>,
+    /// VXLAN network identifier.
+    #[arg(long)]
+    vni: Option<u32>,
+    /// VXLAN UDP port.
+    #[arg(long)]
+    vxlan_port: Option<u16>,
+    /// etcd endpoints, comma-separated (cluster mode).
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Option<Vec<String>>,
+    /// etcd key prefix.
+    #[arg(long)]
+    etcd_prefix: Option<String>,
+    /// Registration lease TTL in seconds.
+    #[arg(long)]
+    etcd_lease_ttl: Option<u64>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -90,6 +111,13 @@ impl Cli {
             state_dir: self.state_dir.clone(),
             socket: self.socket.clone(),
             pod_attach: self.pod_attach,
+            mode: self.mode,
+            cluster_cidr: self.cluster_cidr.clone(),
+            vni: self.vni,
+            vxlan_port: self.vxlan_port,
+            etcd_endpoints: self.etcd_endpoints.clone(),
+            etcd_prefix: self.etcd_prefix.clone(),
+            etcd_lease_ttl: self.etcd_lease_ttl,
         }))
     }
 }
@@ -163,7 +191,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     let socket = cfg.socket.clone();
-    let agent = Arc::new(Agent::start(cfg, lock, dp).await?);
+    let pod_cidr = cfg.pod_cidr;
+    let agent = Arc::new(Agent::start(cfg, lock, dp, pod_cidr).await?);
     let listener = agent::bind(&socket)?;
     tracing::info!(socket = %socket.display(), "serving");
 
@@ -207,7 +236,8 @@ async fn load(cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     let pin_dir = cfg.pin_dir.clone();
-    let agent = Agent::start(cfg, lock, dp).await?;
+    let pod_cidr = cfg.pod_cidr;
+    let agent = Agent::start(cfg, lock, dp, pod_cidr).await?;
     drop(agent);
     let layout = PinLayout::new(&pin_dir);
     println!("pinned under {}:", pin_dir.display());
@@ -259,6 +289,9 @@ async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     datapath::unload(&layout)?;
     println!("removed {}", cfg.pin_dir.display());
+    for dev in rivet::node::remove_devices(&nl).await? {
+        println!("deleted {dev}");
+    }
     if cfg.state_dir.exists() {
         std::fs::remove_dir_all(&cfg.state_dir).map_err(|source| rivet::store::StoreError {
             what: "removing",

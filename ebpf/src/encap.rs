@@ -1,0 +1,117 @@
+//! Adding and removing tunnel headers with `bpf_skb_adjust_room`, the flag
+//! combinations measured to keep GSO working on this kernel
+//! (reliability/bpf-encap.md): FIXED_GSO on both sides, ENCAP_* describing
+//! the new headers on encap, DECAP_L3_IPV4 on decap.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+    },
+    helpers::bpf_get_hash_recalc,
+    programs::TcContext,
+};
+use rivet_common::{Counter, IPIP_OVERHEAD, NodeConfig, PeerInfo, RouteInfo, VXLAN_OVERHEAD};
+
+use crate::{
+    headers::{
+        ETH_HLEN, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, Ipv4Hdr, UdpHdr, VXLAN_FLAG_VNI,
+        VxlanEncap, VxlanHdr,
+    },
+    ipv4::outer_header,
+    packet::ptr_at,
+};
+
+/// `BPF_F_ADJ_ROOM_ENCAP_L2(len)`: the inner L2 header length, in the top byte.
+const fn encap_l2(len: u64) -> u64 {
+    (len & 0xff) << 56
+}
+
+const VXLAN_ENCAP_FLAGS: u64 = (BPF_F_ADJ_ROOM_FIXED_GSO
+    | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+    | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
+    | BPF_F_ADJ_ROOM_ENCAP_L2_ETH) as u64
+    | encap_l2(ETH_HLEN as u64);
+const IPIP_ENCAP_FLAGS: u64 = (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) as u64;
+const DECAP_FLAGS: u64 = (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4) as u64;
+
+/// Ephemeral UDP source port range Linux's vxlan device uses by default.
+const SPORT_MIN: u32 = 32768;
+const SPORT_MAX: u32 = 61000;
+
+/// The TOS of the inner IPv4 header (copied to the outer one).
+#[inline(always)]
+fn inner_tos(ctx: &TcContext) -> Result<u8, Counter> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).ok_or(Counter::DropTruncated)?;
+    // SAFETY: bounds-checked; alignment 1.
+    Ok(unsafe { (*ip).tos })
+}
+
+/// Wraps the IPv4 packet in outer IPv4 + UDP + VXLAN + inner Ethernet.
+/// The outer Ethernet header is filled in when the packet is transmitted.
+#[inline(always)]
+pub fn vxlan(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    route: &RouteInfo,
+    peer: &PeerInfo,
+) -> Result<(), Counter> {
+    let tos = inner_tos(ctx)?;
+    // Flow hash of the inner packet: spreads flows over UDP source ports
+    // (and so over the underlay's ECMP paths and the receiver's RSS queues).
+    // SAFETY: plain helper call on the program's skb.
+    let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) };
+    ctx.adjust_room(VXLAN_OVERHEAD as i32, BPF_ADJ_ROOM_MAC, VXLAN_ENCAP_FLAGS)
+        .map_err(|_| Counter::DropEncapFailed)?;
+    let outer_len = (ctx.len() as usize - ETH_HLEN) as u16;
+    let sport = SPORT_MIN + ((u64::from(hash) * u64::from(SPORT_MAX - SPORT_MIN)) >> 32) as u32;
+    let vni = if peer.vni != 0 { peer.vni } else { cfg.vni };
+    let hdr = VxlanEncap {
+        ip: outer_header(cfg.node_ip, route.node_ip, IPPROTO_UDP, tos, outer_len),
+        udp: UdpHdr {
+            source: (sport as u16).to_be_bytes(),
+            dest: (cfg.vxlan_port as u16).to_be_bytes(),
+            len: (outer_len - 20).to_be_bytes(),
+            // RFC 7348: zero UDP checksum over IPv4 is allowed.
+            check: [0, 0],
+        },
+        vxlan: VxlanHdr {
+            flags: VXLAN_FLAG_VNI,
+            reserved1: [0; 3],
+            vni: [(vni >> 16) as u8, (vni >> 8) as u8, vni as u8],
+            reserved2: 0,
+        },
+        eth: EthHdr {
+            dst: peer.vtep_mac,
+            src: cfg.vtep_mac,
+            proto: ETH_P_IP,
+        },
+    };
+    let p = ptr_at::<VxlanEncap>(ctx, ETH_HLEN).ok_or(Counter::DropEncapFailed)?;
+    // SAFETY: bounds-checked just above (pointers re-derived after
+    // adjust_room); alignment 1.
+    unsafe { *p = hdr };
+    Ok(())
+}
+
+/// Wraps the IPv4 packet in an outer IPv4 header (protocol 4).
+#[inline(always)]
+pub fn ipip(ctx: &TcContext, cfg: &NodeConfig, route: &RouteInfo) -> Result<(), Counter> {
+    let tos = inner_tos(ctx)?;
+    ctx.adjust_room(IPIP_OVERHEAD as i32, BPF_ADJ_ROOM_MAC, IPIP_ENCAP_FLAGS)
+        .map_err(|_| Counter::DropEncapFailed)?;
+    let outer_len = (ctx.len() as usize - ETH_HLEN) as u16;
+    let hdr = outer_header(cfg.node_ip, route.node_ip, IPPROTO_IPIP, tos, outer_len);
+    let p = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).ok_or(Counter::DropEncapFailed)?;
+    // SAFETY: bounds-checked after adjust_room; alignment 1.
+    unsafe { *p = hdr };
+    Ok(())
+}
+
+/// Removes `len` bytes after the outer Ethernet header (the outer IPv4
+/// header and whatever tunnel headers follow it).
+#[inline(always)]
+pub fn strip(ctx: &TcContext, len: u32) -> Result<(), Counter> {
+    ctx.adjust_room(-(len as i32), BPF_ADJ_ROOM_MAC, DECAP_FLAGS)
+        .map_err(|_| Counter::DropEncapFailed)
+}

@@ -1,0 +1,31 @@
+//! The node's own traffic to pods on other nodes, at TC egress of
+//! `rivet_host` (the device carrying the cluster-CIDR route): encapsulated
+//! or routed exactly like a pod's, without the router hop.
+
+use aya_ebpf::programs::TcContext;
+use rivet_common::Counter;
+
+use crate::{
+    headers::{ETH_HLEN, ETH_P_IP, EthHdr, IPV4_HLEN, Ipv4Hdr},
+    maps,
+    packet::{addr, ensure_linear, ptr_at},
+    remote::{self, Sender},
+    verdict,
+};
+
+#[inline(always)]
+pub fn handle(ctx: &TcContext) -> i32 {
+    ensure_linear(ctx, (ETH_HLEN + IPV4_HLEN) as u32);
+    let (Some(eth), Some(ip)) = (ptr_at::<EthHdr>(ctx, 0), ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)) else {
+        return verdict::pass(ctx, Counter::HostPass);
+    };
+    // SAFETY: bounds-checked above; alignment 1.
+    let (proto, dst) = unsafe { ((*eth).proto, addr(&(*ip).dst)) };
+    if proto != ETH_P_IP {
+        return verdict::pass(ctx, Counter::HostPass);
+    }
+    let (Some(cfg), Some(route)) = (maps::config(), maps::route(dst)) else {
+        return verdict::pass(ctx, Counter::HostPass);
+    };
+    remote::forward(ctx, &cfg, &route, Sender::Host)
+}

@@ -1,0 +1,196 @@
+//! Traffic arriving at the node's uplink, at TC ingress.
+//!
+//! 1. VXLAN (UDP to the configured port) or IPIP addressed to the node IP:
+//!    accepted only from a known node (PEERS), with VNI and sizes checked,
+//!    decapsulated and delivered to the local pod with `bpf_redirect_peer`
+//!    (or to the node through `rivet_host` when the node itself is the
+//!    destination). Anything wrong is dropped with its reason — the idle
+//!    kernel vxlan device bound to the port (for receive GRO) never sees a
+//!    packet.
+//! 2. Native routing: a packet from a remote pod subnet to a local pod is
+//!    delivered directly.
+//! 3. Everything else passes untouched: the node's own traffic never breaks.
+
+use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
+use rivet_common::{Counter, EndpointInfo, IPIP_OVERHEAD, NodeConfig, VXLAN_OVERHEAD};
+
+use crate::{
+    encap,
+    headers::{
+        ETH_HLEN, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr, UdpHdr,
+        VXLAN_FLAG_VNI, VxlanEncap,
+    },
+    ipv4, maps,
+    packet::{addr, ensure_linear, ptr_at},
+    verdict,
+};
+
+const PACKET_HOST: u32 = 0;
+/// Outer Ethernet + IPv4 + UDP + VXLAN + inner Ethernet + inner IPv4.
+const LINEAR: u32 = (ETH_HLEN + VXLAN_OVERHEAD as usize + IPV4_HLEN) as u32;
+
+/// Where a decapsulated packet goes.
+enum Target {
+    Pod(EndpointInfo),
+    Host,
+}
+
+#[inline(always)]
+pub fn handle(ctx: &TcContext) -> i32 {
+    ensure_linear(ctx, LINEAR);
+    let (Some(eth), Some(ip)) = (ptr_at::<EthHdr>(ctx, 0), ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)) else {
+        return verdict::pass(ctx, Counter::UplinkPass);
+    };
+    // SAFETY: bounds-checked above; alignment 1.
+    let (proto, ip) = unsafe { ((*eth).proto, &*ip) };
+    if proto != ETH_P_IP || ip.version_ihl >> 4 != 4 {
+        return verdict::pass(ctx, Counter::UplinkPass);
+    }
+    let Some(cfg) = maps::config() else {
+        return verdict::pass(ctx, Counter::UplinkPass);
+    };
+    // SAFETY: reading a field of the program's __sk_buff.
+    let pkt_type = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).pkt_type };
+    if pkt_type != PACKET_HOST {
+        return verdict::pass(ctx, Counter::UplinkPass);
+    }
+    let (src, dst) = (addr(&ip.src), addr(&ip.dst));
+
+    if dst == cfg.node_ip {
+        if ip.protocol == IPPROTO_UDP && udp_dport(ctx, ip) == Some(cfg.vxlan_port as u16) {
+            return vxlan_in(ctx, &cfg, ip, src);
+        }
+        if ip.protocol == IPPROTO_IPIP {
+            return ipip_in(ctx, &cfg, ip, src);
+        }
+        if maps::route(src).is_some() && cfg.host_ifindex != 0 {
+            // A remote pod talking to this node, routed natively.
+            return to_host(ctx, &cfg, Counter::DeliverHost);
+        }
+        return verdict::pass(ctx, Counter::UplinkPass);
+    }
+    if let Some(ep) = maps::endpoint(dst) {
+        if maps::route(src).is_some() {
+            return deliver(ctx, &cfg, Target::Pod(*ep), Counter::FwdFromPeer);
+        }
+    }
+    verdict::pass(ctx, Counter::UplinkPass)
+}
+
+/// The UDP destination port, wherever the IPv4 header ends.
+#[inline(always)]
+fn udp_dport(ctx: &TcContext, ip: &Ipv4Hdr) -> Option<u16> {
+    let hlen = usize::from(ip.version_ihl & 0x0f) * 4;
+    if hlen == IPV4_HLEN {
+        let udp = ptr_at::<UdpHdr>(ctx, ETH_HLEN + IPV4_HLEN)?;
+        // SAFETY: bounds-checked; alignment 1.
+        return Some(u16::from_be_bytes(unsafe { (*udp).dest }));
+    }
+    if hlen < IPV4_HLEN || hlen > 60 {
+        return None;
+    }
+    ctx.load::<[u8; 2]>(ETH_HLEN + hlen + 2)
+        .ok()
+        .map(u16::from_be_bytes)
+}
+
+/// Outer header rules shared by both tunnels: no options, not a fragment,
+/// from a known node.
+#[inline(always)]
+fn outer_ok(ip: &Ipv4Hdr, src: u32) -> Result<(), Counter> {
+    if ip.version_ihl & 0x0f != 5 || (u16::from_be_bytes(ip.frag_off) & 0x3fff) != 0 {
+        return Err(Counter::DropTunnelMalformed);
+    }
+    if maps::peer(src).is_none() {
+        return Err(Counter::DropTunnelUnknownPeer);
+    }
+    Ok(())
+}
+
+/// Where the inner packet at `off` goes; checks its header.
+#[inline(always)]
+fn inner_target(ctx: &TcContext, cfg: &NodeConfig, off: usize) -> Result<Target, Counter> {
+    let inner = ptr_at::<Ipv4Hdr>(ctx, off).ok_or(Counter::DropTunnelMalformed)?;
+    // SAFETY: bounds-checked; alignment 1.
+    let inner = unsafe { &*inner };
+    if ipv4::validate(inner, off, ctx.len()).is_err() {
+        return Err(Counter::DropTunnelMalformed);
+    }
+    let dst = addr(&inner.dst);
+    if let Some(ep) = maps::endpoint(dst) {
+        return Ok(Target::Pod(*ep));
+    }
+    if cfg.host_ifindex != 0 && (dst == cfg.node_ip || maps::is_local_addr(dst)) {
+        return Ok(Target::Host);
+    }
+    Err(Counter::DropTunnelNoEndpoint)
+}
+
+#[inline(always)]
+fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
+    let checked = outer_ok(ip, src).and_then(|()| {
+        let hdr = ptr_at::<VxlanEncap>(ctx, ETH_HLEN).ok_or(Counter::DropTunnelMalformed)?;
+        // SAFETY: bounds-checked; alignment 1.
+        let hdr = unsafe { &*hdr };
+        let vni = u32::from(hdr.vxlan.vni[0]) << 16
+            | u32::from(hdr.vxlan.vni[1]) << 8
+            | u32::from(hdr.vxlan.vni[2]);
+        if hdr.vxlan.flags & VXLAN_FLAG_VNI == 0 || vni != cfg.vni {
+            return Err(Counter::DropTunnelBadVni);
+        }
+        if hdr.eth.proto != ETH_P_IP {
+            return Err(Counter::DropTunnelMalformed);
+        }
+        inner_target(ctx, cfg, ETH_HLEN + VXLAN_OVERHEAD as usize)
+    });
+    match checked.and_then(|t| encap::strip(ctx, VXLAN_OVERHEAD).map(|()| t)) {
+        Ok(target) => deliver(ctx, cfg, target, Counter::DecapVxlan),
+        Err(reason) => verdict::drop(ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn ipip_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
+    let checked =
+        outer_ok(ip, src).and_then(|()| inner_target(ctx, cfg, ETH_HLEN + IPIP_OVERHEAD as usize));
+    match checked.and_then(|t| encap::strip(ctx, IPIP_OVERHEAD).map(|()| t)) {
+        Ok(target) => deliver(ctx, cfg, target, Counter::DecapIpip),
+        Err(reason) => verdict::drop(ctx, reason),
+    }
+}
+
+/// Hands the (now plain) IPv4 packet to its pod, or to the node.
+#[inline(always)]
+fn deliver(ctx: &TcContext, cfg: &NodeConfig, target: Target, counter: Counter) -> i32 {
+    let Target::Pod(ep) = target else {
+        return to_host(ctx, cfg, Counter::DeliverHost);
+    };
+    let (Some(eth), Some(ip)) = (ptr_at::<EthHdr>(ctx, 0), ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)) else {
+        return verdict::drop(ctx, Counter::DropTunnelMalformed);
+    };
+    // SAFETY: bounds-checked after the last size change; alignment 1.
+    let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
+    if ip.ttl <= 1 {
+        // The node's stack answers with time-exceeded; it sees the packet
+        // arrive on rivet_host, the device its route to the sender uses.
+        return to_host(ctx, cfg, Counter::PassTtl);
+    }
+    ipv4::decrease_ttl(ip);
+    eth.dst = ep.mac;
+    eth.src = ep.host_mac;
+    verdict::redirect_peer(ctx, ep.ifindex, counter)
+}
+
+/// Delivers the plain IPv4 packet to the node's stack as if received on
+/// `rivet_host`.
+#[inline(always)]
+fn to_host(ctx: &TcContext, cfg: &NodeConfig, counter: Counter) -> i32 {
+    if cfg.host_ifindex == 0 {
+        return verdict::pass(ctx, Counter::UplinkPass);
+    }
+    if let Some(eth) = ptr_at::<EthHdr>(ctx, 0) {
+        // SAFETY: bounds-checked; alignment 1.
+        unsafe { (*eth).dst = cfg.host_mac };
+    }
+    verdict::redirect_ingress(ctx, cfg.host_ifindex, counter)
+}

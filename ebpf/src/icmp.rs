@@ -1,0 +1,109 @@
+//! ICMP fragmentation-needed, answered by the datapath: a pod sends a
+//! DF packet that would not fit the uplink once encapsulated. The pod gets
+//! "destination unreachable / fragmentation needed" from its gateway with the
+//! MTU it can use, so path MTU discovery works (no black hole).
+
+use aya_ebpf::{
+    bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, helpers::bpf_skb_change_tail,
+    programs::TcContext,
+};
+use rivet_common::{Counter, EndpointInfo};
+
+use crate::{
+    headers::{ETH_HLEN, EthHdr, IPPROTO_ICMP, IPV4_HLEN, IcmpHdr, Ipv4Hdr},
+    ipv4::outer_header,
+    packet::ptr_at,
+    verdict,
+};
+
+/// Bytes of the offending packet quoted: its IPv4 header (no options) and
+/// the first 8 bytes of its payload (RFC 792).
+const QUOTE: usize = IPV4_HLEN + 8;
+const ICMP_LEN: usize = 8 + QUOTE;
+
+/// What is written after the Ethernet header of the answer.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Answer {
+    ip: Ipv4Hdr,
+    icmp: IcmpHdr,
+}
+
+/// One's-complement checksum of the ICMP header and quote (36 bytes at
+/// offset 34 of the answer).
+#[inline(always)]
+fn icmp_checksum(bytes: &[u8; ICMP_LEN]) -> [u8; 2] {
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < ICMP_LEN {
+        sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    (!(sum as u16)).to_be_bytes()
+}
+
+/// Turns the packet into the ICMP answer and sends it back to the pod
+/// behind `ifindex`. `mtu` is the largest IPv4 packet that fits.
+#[inline(always)]
+pub fn frag_needed(
+    ctx: &TcContext,
+    ifindex: u32,
+    ep: &EndpointInfo,
+    gateway: u32,
+    mtu: u16,
+) -> i32 {
+    match build(ctx, ep, gateway, mtu) {
+        Ok(()) => verdict::redirect(ctx, ifindex, Counter::IcmpFragNeeded),
+        Err(reason) => verdict::drop(ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn build(ctx: &TcContext, ep: &EndpointInfo, gateway: u32, mtu: u16) -> Result<(), Counter> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).ok_or(Counter::DropTooBig)?;
+    // SAFETY: bounds-checked; alignment 1.
+    let (ihl, pod_ip) = unsafe { ((*ip).version_ihl & 0x0f, (*ip).src) };
+    if ihl != 5 || (ctx.len() as usize) < ETH_HLEN + QUOTE {
+        return Err(Counter::DropTooBig);
+    }
+    // Room for the new IPv4 + ICMP headers in front of the quoted packet,
+    // then cut the quote to 28 bytes.
+    ctx.adjust_room((IPV4_HLEN + 8) as i32, BPF_ADJ_ROOM_MAC, 0)
+        .map_err(|_| Counter::DropTooBig)?;
+    // SAFETY: plain helper call on the program's skb.
+    let rc =
+        unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_HLEN + IPV4_HLEN + ICMP_LEN) as u32, 0) };
+    if rc != 0 {
+        return Err(Counter::DropTooBig);
+    }
+    let answer = Answer {
+        ip: outer_header(
+            gateway,
+            u32::from_ne_bytes(pod_ip),
+            IPPROTO_ICMP,
+            0xc0,
+            (IPV4_HLEN + ICMP_LEN) as u16,
+        ),
+        icmp: IcmpHdr {
+            kind: 3,
+            code: 4,
+            check: [0, 0],
+            rest: [0, 0, (mtu >> 8) as u8, mtu as u8],
+        },
+    };
+    let eth = ptr_at::<EthHdr>(ctx, 0).ok_or(Counter::DropTooBig)?;
+    let head = ptr_at::<Answer>(ctx, ETH_HLEN).ok_or(Counter::DropTooBig)?;
+    let body = ptr_at::<[u8; ICMP_LEN]>(ctx, ETH_HLEN + IPV4_HLEN).ok_or(Counter::DropTooBig)?;
+    // SAFETY: all three were bounds-checked after the last size change;
+    // alignment 1.
+    unsafe {
+        (*eth).dst = ep.mac;
+        (*eth).src = ep.host_mac;
+        *head = answer;
+        let check = icmp_checksum(&*body);
+        (*head).icmp.check = check;
+    }
+    Ok(())
+}

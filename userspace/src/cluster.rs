@@ -1,0 +1,236 @@
+//! The other nodes of the cluster as the datapath sees them: for each remote
+//! pod subnet a route (ROUTES: subnet → node IP and how to reach it) and for
+//! each node a peer entry (PEERS: node IP → VTEP MAC, VNI). Fed by the API
+//! (static clusters, tests) or by the etcd watcher.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use rivet_api::NodeEntry;
+use rivet_common::{PeerInfo, RouteInfo, route_mode};
+
+use crate::{
+    config::Mode,
+    datapath::{Datapath, DatapathError},
+    netlink::{format_mac, parse_mac},
+};
+
+/// A remote node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNode {
+    /// Its pod subnet.
+    pub subnet: Ipv4Net,
+    /// Its uplink address.
+    pub node_ip: Ipv4Addr,
+    /// Its VTEP MAC.
+    pub vtep_mac: [u8; 6],
+    /// Its VNI.
+    pub vni: u32,
+}
+
+/// Problems with a node entry.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The entry is invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The maps could not be written.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+}
+
+impl RemoteNode {
+    /// Validates an API entry.
+    pub fn from_entry(e: &NodeEntry, default_vni: u32) -> Result<Self, ClusterError> {
+        let subnet: Ipv4Net = e.subnet.parse().map_err(|_| {
+            ClusterError::Invalid(format!("subnet {:?} is not an IPv4 CIDR", e.subnet))
+        })?;
+        if subnet.network() != subnet.addr() {
+            return Err(ClusterError::Invalid(format!(
+                "subnet {subnet} has host bits set"
+            )));
+        }
+        let vtep_mac = match &e.vtep_mac {
+            Some(m) => parse_mac(m)
+                .ok_or_else(|| ClusterError::Invalid(format!("vtep_mac {m:?} is not a MAC")))?,
+            None => crate::node::vtep_mac_for(e.node_ip),
+        };
+        Ok(Self {
+            subnet,
+            node_ip: e.node_ip,
+            vtep_mac,
+            vni: e.vni.unwrap_or(default_vni),
+        })
+    }
+
+    /// As an API entry.
+    pub fn entry(&self, mode: u32) -> NodeEntry {
+        NodeEntry {
+            subnet: self.subnet.to_string(),
+            node_ip: self.node_ip,
+            vtep_mac: Some(format_mac(&self.vtep_mac)),
+            vni: Some(self.vni),
+            route: Some(
+                match mode {
+                    route_mode::VXLAN => "vxlan",
+                    route_mode::IPIP => "ipip",
+                    _ => "native",
+                }
+                .to_owned(),
+            ),
+        }
+    }
+}
+
+/// The remote nodes, mirrored into the ROUTES and PEERS maps.
+#[derive(Debug)]
+pub struct Cluster {
+    mode: Mode,
+    /// The uplink's subnet (hybrid mode: peers inside it are reached natively).
+    uplink_net: Option<Ipv4Net>,
+    own_subnet: Ipv4Net,
+    own_ip: Option<Ipv4Addr>,
+    vni: u32,
+    nodes: BTreeMap<Ipv4Net, RemoteNode>,
+}
+
+impl Cluster {
+    /// An empty view; [`Cluster::restore`] reads what the pinned maps hold.
+    pub fn new(
+        mode: Mode,
+        uplink_net: Option<Ipv4Net>,
+        own_subnet: Ipv4Net,
+        own_ip: Option<Ipv4Addr>,
+        vni: u32,
+    ) -> Self {
+        Self {
+            mode,
+            uplink_net,
+            own_subnet,
+            own_ip,
+            vni,
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    /// How traffic to `node_ip` travels.
+    pub fn route_mode(&self, node_ip: Ipv4Addr) -> u32 {
+        match self.mode {
+            Mode::Vxlan => route_mode::VXLAN,
+            Mode::Ipip => route_mode::IPIP,
+            Mode::Native => route_mode::NATIVE,
+            Mode::Hybrid => {
+                if self.uplink_net.is_some_and(|n| n.contains(&node_ip)) {
+                    route_mode::NATIVE
+                } else {
+                    route_mode::VXLAN
+                }
+            }
+        }
+    }
+
+    /// Rebuilds the view from the pinned maps (a restarted agent).
+    pub fn restore(&mut self, dp: &Datapath) -> Result<(), ClusterError> {
+        let peers: BTreeMap<Ipv4Addr, PeerInfo> = dp.list_peers()?.into_iter().collect();
+        for (subnet, route) in dp.list_routes()? {
+            let node_ip = Ipv4Addr::from(rivet_common::ipv4_from_key(route.node_ip));
+            let peer = peers.get(&node_ip);
+            self.nodes.insert(
+                subnet,
+                RemoteNode {
+                    subnet,
+                    node_ip,
+                    vtep_mac: peer
+                        .map_or_else(|| crate::node::vtep_mac_for(node_ip), |p| p.vtep_mac),
+                    vni: peer.map_or(self.vni, |p| p.vni),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Every remote node, by subnet.
+    pub fn list(&self) -> Vec<NodeEntry> {
+        self.nodes
+            .values()
+            .map(|n| n.entry(self.route_mode(n.node_ip)))
+            .collect()
+    }
+
+    /// Number of remote nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when alone.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Adds or updates a node (ignores this node itself).
+    pub fn upsert(&mut self, dp: &mut Datapath, node: RemoteNode) -> Result<bool, ClusterError> {
+        if node.subnet == self.own_subnet || Some(node.node_ip) == self.own_ip {
+            return Ok(false);
+        }
+        if self.nodes.get(&node.subnet) == Some(&node) {
+            return Ok(false);
+        }
+        // A subnet that moved to another node: forget the old owner first.
+        if let Some(old) = self.nodes.get(&node.subnet).cloned() {
+            self.remove(dp, old.subnet)?;
+        }
+        dp.put_peer(
+            node.node_ip,
+            PeerInfo {
+                vtep_mac: node.vtep_mac,
+                _pad: [0; 2],
+                vni: node.vni,
+                flags: 0,
+            },
+        )?;
+        dp.put_route(
+            node.subnet,
+            RouteInfo {
+                node_ip: rivet_common::ipv4_key(node.node_ip.octets()),
+                mode: self.route_mode(node.node_ip),
+            },
+        )?;
+        self.nodes.insert(node.subnet, node);
+        Ok(true)
+    }
+
+    /// Removes the node owning `subnet`; its peer entry goes when no other
+    /// subnet points at it.
+    pub fn remove(&mut self, dp: &mut Datapath, subnet: Ipv4Net) -> Result<bool, ClusterError> {
+        let Some(node) = self.nodes.remove(&subnet) else {
+            return Ok(false);
+        };
+        dp.remove_route(subnet)?;
+        if !self.nodes.values().any(|n| n.node_ip == node.node_ip) {
+            dp.remove_peer(node.node_ip)?;
+        }
+        Ok(true)
+    }
+
+    /// Makes the set of nodes exactly `nodes` (a full resync).
+    pub fn replace_all(
+        &mut self,
+        dp: &mut Datapath,
+        nodes: Vec<RemoteNode>,
+    ) -> Result<(), ClusterError> {
+        let keep: Vec<Ipv4Net> = nodes.iter().map(|n| n.subnet).collect();
+        let stale: Vec<Ipv4Net> = self
+            .nodes
+            .keys()
+            .filter(|s| !keep.contains(s))
+            .copied()
+            .collect();
+        for s in stale {
+            self.remove(dp, s)?;
+        }
+        for n in nodes {
+            self.upsert(dp, n)?;
+        }
+        Ok(())
+    }
+}
