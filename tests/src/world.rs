@@ -86,13 +86,13 @@ impl Node {
             .collect()
     }
 
-    /// Link pins of pod veths (the uplink's excluded).
+    /// Link pins of pod veths (the uplink's and rivet_host's excluded).
     pub fn pod_link_pins(&self) -> Vec<String> {
         rivet::pins::PinLayout::new(self.pin_dir())
             .link_pins()
             .unwrap_or_default()
             .into_iter()
-            .filter(|p| !p.ends_with("-eth0"))
+            .filter(|p| !p.ends_with("-eth0") && !p.ends_with("-rivet_host"))
             .collect()
     }
 
