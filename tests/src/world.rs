@@ -288,6 +288,41 @@ impl World {
         node.agent = Some(AgentProc::start(node.agent_args.clone()));
     }
 
+    /// Adds `count` nodes running agents in `mode` (`vxlan`, `ipip`,
+    /// `native`, `hybrid`), and tells every agent about every other node
+    /// through the API (a static cluster, without etcd).
+    pub fn add_static_cluster(&mut self, count: usize, mode: &str) -> Vec<usize> {
+        let nodes: Vec<usize> = (0..count)
+            .map(|_| {
+                let n = self.add_node();
+                self.nodes[n].agent_args.extra_args = vec!["--mode".into(), mode.into()];
+                self.start_agent(n);
+                n
+            })
+            .collect();
+        self.mesh();
+        nodes
+    }
+
+    /// Registers every node with every other node's agent (NodeSet).
+    pub fn mesh(&self) {
+        for a in &self.nodes {
+            for b in &self.nodes {
+                if a.name == b.name {
+                    continue;
+                }
+                let r = a.agent().client().call(&Request::NodeSet(rivet_api::NodeEntry {
+                    subnet: b.pod_cidr.clone(),
+                    node_ip: b.ip,
+                    vtep_mac: None,
+                    vni: None,
+                    route: None,
+                }));
+                assert!(matches!(r, Ok(Response::Nodes { .. })), "node set on {}: {r:?}", a.name);
+            }
+        }
+    }
+
     /// Creates a pod namespace on node `n` and attaches it through the agent.
     pub fn add_pod(&mut self, n: usize) -> usize {
         let node = &mut self.nodes[n];
