@@ -53,6 +53,7 @@ pub struct Ipv4Hdr {
 pub const IPV4_HLEN: usize = 20;
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_IPIP: u8 = 4;
+pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 /// "Don't fragment" in the frag_off field (big-endian high byte 0x40).
 pub const IP_DF: u8 = 0x40;

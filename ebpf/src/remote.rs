@@ -38,19 +38,24 @@ pub fn forward(ctx: &TcContext, cfg: &NodeConfig, route: &RouteInfo, sender: Sen
     // SAFETY: bounds-checked above; alignment 1; nothing moved the data yet.
     let ip = unsafe { &mut *ip };
 
-    // Too big for the uplink once encapsulated? (GSO packets are cut to the
-    // sender's MSS, sized from its MTU: only single packets are checked.)
-    // SAFETY: reading a field of the program's __sk_buff.
-    let gso = unsafe { (*ctx.skb.skb).gso_segs } > 1;
-    let l3_len = ctx.len().saturating_sub(ETH_HLEN as u32);
-    if !gso && cfg.uplink_mtu != 0 && l3_len + overhead > cfg.uplink_mtu {
+    // Too big for the uplink once encapsulated? A GSO packet is judged by
+    // the segments it will be cut into.
+    // SAFETY: reading fields of the program's __sk_buff.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let l3_len = if gso_size != 0 {
+        segment_l3_len(ctx, ip, gso_size)
+    } else {
+        ctx.len().saturating_sub(ETH_HLEN as u32)
+    };
+    if cfg.uplink_mtu != 0 && l3_len + overhead > cfg.uplink_mtu {
         let mtu = (cfg.uplink_mtu - overhead) as u16;
         return match sender {
-            Sender::Pod { ifindex, ep } if ip.frag_off[0] & IP_DF != 0 => {
+            Sender::Pod { ifindex, ep } if gso_size == 0 && ip.frag_off[0] & IP_DF != 0 => {
                 icmp::frag_needed(ctx, ifindex, ep, cfg.gateway, mtu)
             }
-            // Without DF the stack may fragment: it routes the packet
-            // through rivet_host, whose MTU leaves room for the tunnel.
+            // GSO trains and packets without DF go to the stack: it routes
+            // them through rivet_host, whose MTU leaves room for the tunnel,
+            // and fragments them or answers fragmentation-needed itself.
             Sender::Pod { .. } => verdict::pass(ctx, Counter::PassOther),
             Sender::Host => verdict::drop(ctx, Counter::DropTooBig),
         };
@@ -79,4 +84,19 @@ pub fn forward(ctx: &TcContext, cfg: &NodeConfig, route: &RouteInfo, sender: Sen
         Ok(()) => verdict::transmit(ctx, &hop, counter),
         Err(reason) => verdict::drop(ctx, reason),
     }
+}
+
+/// IPv4 length of each segment a GSO packet will be cut into: its IP header,
+/// its L4 header (TCP with options, UDP) and `gso_size` bytes of payload.
+#[inline(always)]
+fn segment_l3_len(ctx: &TcContext, ip: &Ipv4Hdr, gso_size: u32) -> u32 {
+    let ihl = u32::from(ip.version_ihl & 0x0f) * 4;
+    let l4 = match ip.protocol {
+        crate::headers::IPPROTO_TCP => ctx
+            .load::<u8>(ETH_HLEN + ihl as usize + 12)
+            .map_or(20, |doff| u32::from(doff >> 4) * 4),
+        crate::headers::IPPROTO_UDP => 8,
+        _ => 0,
+    };
+    ihl + l4 + gso_size
 }
