@@ -59,16 +59,16 @@ pub fn lookup(ctx: &TcContext, src: u32, dst: u32, oif: u32) -> Option<NextHop> 
 /// otherwise `bpf_redirect_neigh` resolves it.
 #[inline(always)]
 pub fn transmit(ctx: &TcContext, hop: &NextHop) -> i32 {
-    if hop.resolved {
-        if let Some(eth) = ptr_at::<EthHdr>(ctx, 0) {
-            // SAFETY: bounds-checked above; alignment 1.
-            unsafe {
-                (*eth).dst = hop.params.dmac;
-                (*eth).src = hop.params.smac;
-            }
-            // SAFETY: plain helper call.
-            return unsafe { bpf_redirect(hop.params.ifindex, 0) } as i32;
+    if hop.resolved
+        && let Some(eth) = ptr_at::<EthHdr>(ctx, 0)
+    {
+        // SAFETY: bounds-checked above; alignment 1.
+        unsafe {
+            (*eth).dst = hop.params.dmac;
+            (*eth).src = hop.params.smac;
         }
+        // SAFETY: plain helper call.
+        return unsafe { bpf_redirect(hop.params.ifindex, 0) } as i32;
     }
     let mut nh = bpf_redir_neigh {
         nh_family: u32::from(AF_INET),

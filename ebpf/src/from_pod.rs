@@ -107,7 +107,7 @@ fn is_tunnel(ctx: &TcContext, ip: &Ipv4Hdr, vxlan_port: u16) -> bool {
         return false;
     }
     let hlen = usize::from(ip.version_ihl & 0x0f) * 4;
-    if hlen < IPV4_HLEN || hlen > 60 {
+    if !(IPV4_HLEN..=60).contains(&hlen) {
         return false;
     }
     ctx.load::<[u8; 2]>(ETH_HLEN + hlen + 2)

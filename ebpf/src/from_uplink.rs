@@ -69,10 +69,10 @@ pub fn handle(ctx: &TcContext) -> i32 {
         }
         return verdict::pass(ctx, Counter::UplinkPass);
     }
-    if let Some(ep) = maps::endpoint(dst) {
-        if maps::route(src).is_some() {
-            return deliver(ctx, &cfg, Target::Pod(*ep), Counter::FwdFromPeer);
-        }
+    if let Some(ep) = maps::endpoint(dst)
+        && maps::route(src).is_some()
+    {
+        return deliver(ctx, &cfg, Target::Pod(*ep), Counter::FwdFromPeer);
     }
     verdict::pass(ctx, Counter::UplinkPass)
 }
@@ -86,7 +86,7 @@ fn udp_dport(ctx: &TcContext, ip: &Ipv4Hdr) -> Option<u16> {
         // SAFETY: bounds-checked; alignment 1.
         return Some(u16::from_be_bytes(unsafe { (*udp).dest }));
     }
-    if hlen < IPV4_HLEN || hlen > 60 {
+    if !(IPV4_HLEN..=60).contains(&hlen) {
         return None;
     }
     ctx.load::<[u8; 2]>(ETH_HLEN + hlen + 2)

@@ -18,6 +18,7 @@ pub mod bench;
 pub mod cni;
 pub mod netns;
 pub mod packet;
+pub mod progtest;
 pub mod traffic;
 pub mod world;
 

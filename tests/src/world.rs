@@ -311,14 +311,21 @@ impl World {
                 if a.name == b.name {
                     continue;
                 }
-                let r = a.agent().client().call(&Request::NodeSet(rivet_api::NodeEntry {
-                    subnet: b.pod_cidr.clone(),
-                    node_ip: b.ip,
-                    vtep_mac: None,
-                    vni: None,
-                    route: None,
-                }));
-                assert!(matches!(r, Ok(Response::Nodes { .. })), "node set on {}: {r:?}", a.name);
+                let r = a
+                    .agent()
+                    .client()
+                    .call(&Request::NodeSet(rivet_api::NodeEntry {
+                        subnet: b.pod_cidr.clone(),
+                        node_ip: b.ip,
+                        vtep_mac: None,
+                        vni: None,
+                        route: None,
+                    }));
+                assert!(
+                    matches!(r, Ok(Response::Nodes { .. })),
+                    "node set on {}: {r:?}",
+                    a.name
+                );
             }
         }
     }

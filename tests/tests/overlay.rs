@@ -19,7 +19,13 @@ fn cross_node(mode: &str) {
     assert_eq!(moved, 4 << 20);
     // The node itself reaches the remote pod (rivet_host + from_host).
     assert_ping(&w.nodes[nodes[0]].ns, w.pods[b].ip, 2);
-    tcp_transfer(&w.nodes[nodes[0]].ns, &w.pods[b].ns, w.pods[b].ip, 7101, 1 << 20);
+    tcp_transfer(
+        &w.nodes[nodes[0]].ns,
+        &w.pods[b].ns,
+        w.pods[b].ip,
+        7101,
+        1 << 20,
+    );
 
     let after: Vec<_> = nodes.iter().map(|&n| w.nodes[n].counters()).collect();
     let d = |i: usize, name: &str| after[i][name] - before[i][name];
@@ -28,8 +34,18 @@ fn cross_node(mode: &str) {
         "ipip" => ("fwd_encap_ipip", "decap_ipip"),
         _ => ("fwd_native", "fwd_from_peer"),
     };
-    assert!(d(0, sent) >= 3 && d(1, sent) >= 3, "{sent}: {:?} / {:?}", after[0], after[1]);
-    assert!(d(0, got) >= 3 && d(1, got) >= 3, "{got}: {:?} / {:?}", after[0], after[1]);
+    assert!(
+        d(0, sent) >= 3 && d(1, sent) >= 3,
+        "{sent}: {:?} / {:?}",
+        after[0],
+        after[1]
+    );
+    assert!(
+        d(0, got) >= 3 && d(1, got) >= 3,
+        "{got}: {:?} / {:?}",
+        after[0],
+        after[1]
+    );
     for (i, c) in after.iter().enumerate() {
         for (name, v) in c {
             if name.starts_with("drop_") {
@@ -69,25 +85,42 @@ fn ttl_is_decremented_per_node_and_expires_with_icmp() {
     let b = w.add_pod(nodes[1]);
     let dst = w.pods[b].ip.to_string();
     let ping_ttl = |ttl: &str| {
-        let out = w.pods[a].ns.output("ping", &["-n", "-c", "1", "-W", "2", "-t", ttl, &dst]);
+        let out = w.pods[a]
+            .ns
+            .output("ping", &["-n", "-c", "1", "-W", "2", "-t", ttl, &dst]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let n1 = w.nodes[nodes[0]].ip.to_string();
     let n2 = w.nodes[nodes[1]].ip.to_string();
     let one = ping_ttl("1");
-    assert!(one.contains("Time to live exceeded") && one.contains(&format!("From {n1}")), "TTL 1: {one}");
+    assert!(
+        one.contains("Time to live exceeded") && one.contains(&format!("From {n1}")),
+        "TTL 1: {one}"
+    );
     let two = ping_ttl("2");
-    assert!(two.contains("Time to live exceeded") && two.contains(&format!("From {n2}")), "TTL 2: {two}");
+    assert!(
+        two.contains("Time to live exceeded") && two.contains(&format!("From {n2}")),
+        "TTL 2: {two}"
+    );
     let three = ping_ttl("3");
     assert!(three.contains("1 received"), "TTL 3: {three}");
     // The reply arrives with TTL 64 − 2 (two nodes on the way back).
     assert!(three.contains("ttl=62"), "TTL 3: {three}");
 
-    let trace = w.pods[a].ns.output("busybox", &["traceroute", "-n", "-q", "1", "-w", "2", "-m", "5", &dst]);
+    let trace = w.pods[a].ns.output(
+        "busybox",
+        &["traceroute", "-n", "-q", "1", "-w", "2", "-m", "5", &dst],
+    );
     let text = String::from_utf8_lossy(&trace.stdout);
-    let hops: Vec<&str> = text.lines().skip_while(|l| l.starts_with("traceroute")).collect();
+    let hops: Vec<&str> = text
+        .lines()
+        .skip_while(|l| l.starts_with("traceroute"))
+        .collect();
     assert!(hops.len() >= 3, "traceroute: {text}");
-    assert!(hops[0].contains(&n1) && hops[1].contains(&n2) && hops[2].contains(&dst), "traceroute: {text}");
+    assert!(
+        hops[0].contains(&n1) && hops[1].contains(&n2) && hops[2].contains(&dst),
+        "traceroute: {text}"
+    );
 }
 
 /// Path MTU: the pod MTU leaves room for the tunnel; a DF packet at the pod
@@ -103,24 +136,44 @@ fn path_mtu_works_through_the_tunnel() {
     assert_eq!(w.pods[a].endpoint.mtu, 1450, "pod MTU = 1500 − 50");
     let dst = w.pods[b].ip.to_string();
     let ping = |size: &str| {
-        let out = w.pods[a].ns.output("ping", &["-n", "-M", "do", "-c", "2", "-i", "0.2", "-W", "2", "-s", size, &dst]);
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        let out = w.pods[a].ns.output(
+            "ping",
+            &[
+                "-n", "-M", "do", "-c", "2", "-i", "0.2", "-W", "2", "-s", size, &dst,
+            ],
+        );
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     };
     let fits = ping("1422");
     assert!(fits.contains("2 received"), "1450-byte DF packets: {fits}");
     let local = ping("1423");
-    assert!(local.contains("mtu=1450") || local.contains("mtu = 1450"), "pod MTU enforced locally: {local}");
+    assert!(
+        local.contains("mtu=1450") || local.contains("mtu = 1450"),
+        "pod MTU enforced locally: {local}"
+    );
 
     // Pretend the pod's veth was given the uplink's MTU (both ends: the
     // kernel drops frames above the receiving end's MTU before TC).
     w.pods[a].ns.ip(&["link", "set", "eth0", "mtu", "1500"]);
     let host = w.pods[a].endpoint.host_ifname.clone();
-    w.nodes[nodes[0]].ns.ip(&["link", "set", &host, "mtu", "1500"]);
+    w.nodes[nodes[0]]
+        .ns
+        .ip(&["link", "set", &host, "mtu", "1500"]);
     let before = w.nodes[nodes[0]].counters();
     let big = ping("1472");
     let after = w.nodes[nodes[0]].counters();
-    assert!(big.contains("mtu = 1450") || big.contains("mtu=1450"), "fragmentation-needed from the datapath: {big} {after:?}");
-    assert!(after["icmp_frag_needed"] > before["icmp_frag_needed"], "answered in BPF: {after:?}");
+    assert!(
+        big.contains("mtu = 1450") || big.contains("mtu=1450"),
+        "fragmentation-needed from the datapath: {big} {after:?}"
+    );
+    assert!(
+        after["icmp_frag_needed"] > before["icmp_frag_needed"],
+        "answered in BPF: {after:?}"
+    );
     // TCP learns the path MTU and completes.
     w.pods[a].ns.ip(&["route", "flush", "cache"]);
     let moved = tcp_transfer(&w.pods[a].ns, &w.pods[b].ns, w.pods[b].ip, 7200, 2 << 20);

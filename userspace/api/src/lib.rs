@@ -46,10 +46,6 @@ pub fn default_ifname() -> String {
 /// What a client asks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "a message decoded once per connection; boxing buys nothing"
-)]
 pub enum Request {
     /// Create a pod attachment: address, veth, routes, map entry, program.
     EndpointAdd(EndpointSpec),
