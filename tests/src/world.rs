@@ -180,6 +180,8 @@ pub struct World {
     pub nodes: Vec<Node>,
     /// The outside host, if made.
     pub outside: Option<Netns>,
+    /// etcd, if started (in the underlay namespace).
+    pub etcd: Option<crate::traffic::ChildGuard>,
     /// The underlay namespace (bridge br0).
     pub underlay: Netns,
     /// Unique name prefix.
@@ -206,6 +208,7 @@ impl World {
             pods: Vec::new(),
             nodes: Vec::new(),
             outside: None,
+            etcd: None,
             underlay,
             prefix,
             k,
@@ -330,6 +333,89 @@ impl World {
         }
     }
 
+    /// Starts etcd in the underlay namespace at 192.168.k.1:2379 (data in the
+    /// scratch directory) and waits until it answers.
+    pub fn start_etcd(&mut self) -> String {
+        let url = format!("http://192.168.{}.1:2379", self.k);
+        let data = self.dir.join("etcd");
+        let child = self
+            .underlay
+            .command("etcd")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--name", "rivet-test"])
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+            .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+            .args(["--initial-cluster", "rivet-test=http://127.0.0.1:2380"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("etcd.log")).expect("etcd log"))
+            .spawn()
+            .expect("starting etcd (apt etcd-server)");
+        self.etcd = Some(crate::traffic::ChildGuard(child));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let out = self.etcdctl(&["endpoint", "health"]);
+            if out.status.success() {
+                return url;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd not healthy: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// Runs etcdctl against this world's etcd.
+    pub fn etcdctl(&self, args: &[&str]) -> std::process::Output {
+        let url = format!("http://192.168.{}.1:2379", self.k);
+        self.underlay
+            .command("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(&url)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("etcdctl (apt etcd-client)")
+    }
+
+    /// Adds a node whose agent registers in this world's etcd (`mode` seeds
+    /// the cluster config if it has none), with a short lease TTL; its pod
+    /// CIDR is the subnet etcd gave it.
+    pub fn add_etcd_node(&mut self, mode: &str, lease_ttl: u32) -> usize {
+        let n = self.add_node();
+        let url = format!("http://192.168.{}.1:2379", self.k);
+        self.nodes[n].agent_args.extra_args = vec![
+            "--mode".into(),
+            mode.into(),
+            "--etcd-endpoints".into(),
+            url,
+            "--etcd-lease-ttl".into(),
+            lease_ttl.to_string(),
+        ];
+        self.start_agent(n);
+        self.refresh_pod_cidr(n);
+        n
+    }
+
+    /// Reads node `n`'s pod CIDR from its agent.
+    pub fn refresh_pod_cidr(&mut self, n: usize) {
+        match self.nodes[n].agent().client().call(&Request::Status {}) {
+            Ok(Response::Status(s)) => self.nodes[n].pod_cidr = s.pod_cidr,
+            other => panic!("status of {}: {other:?}", self.nodes[n].name),
+        }
+    }
+
     /// Creates a pod namespace on node `n` and attaches it through the agent.
     pub fn add_pod(&mut self, n: usize) -> usize {
         let node = &mut self.nodes[n];
@@ -337,7 +423,8 @@ impl World {
         node.next_host += 1;
         let name = format!("{}-n{}p{}", self.prefix, n + 1, host);
         let ns = Netns::new(name.clone());
-        let ip = Ipv4Addr::new(10, self.k, n as u8 + 1, host);
+        let net: ipnet::Ipv4Net = node.pod_cidr.parse().expect("pod CIDR");
+        let ip = Ipv4Addr::from(u32::from(net.network()) + u32::from(host));
         let response = node.agent().client().call(&Request::EndpointAdd(
             EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip),
         ));
@@ -421,6 +508,7 @@ impl Drop for World {
         }
         self.pods.clear();
         self.nodes.clear();
+        self.etcd = None;
         self.outside = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }

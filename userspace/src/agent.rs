@@ -66,6 +66,12 @@ pub enum AgentError {
     /// Remote node routes could not be written.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The cluster store failed.
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
+    /// Cluster mode needs the node's address.
+    #[error("cluster mode (etcd) needs an uplink with an IPv4 address")]
+    NoNodeIp,
     /// The socket could not be served.
     #[error("API socket {path}: {source}")]
     Socket {
@@ -97,6 +103,7 @@ pub struct Agent {
     mtu: u32,
     pod_cidr: ipnet::Ipv4Net,
     node_ip: Option<Ipv4Addr>,
+    store_state: std::sync::Mutex<String>,
     _lock: PinLock,
 }
 
@@ -194,6 +201,7 @@ impl Agent {
                 tracing::warn!(interface = %uplink.name, "uplink has no IPv4 address: no cross-node traffic");
             }
         }
+        let cfg_etcd = cfg.etcd.is_some();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
         cluster.restore(&dp)?;
 
@@ -234,6 +242,14 @@ impl Agent {
             mtu,
             pod_cidr,
             node_ip,
+            store_state: std::sync::Mutex::new(
+                if cfg_etcd {
+                    "etcd: connecting"
+                } else {
+                    "single-node"
+                }
+                .to_owned(),
+            ),
             _lock: lock,
         })
     }
@@ -414,6 +430,14 @@ impl Agent {
         Ok(())
     }
 
+    /// Cluster store state, for status.
+    pub fn store_state(&self) -> String {
+        self.store_state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
     /// Waits for in-flight changes to finish (used at shutdown).
     pub async fn quiesce(&self) {
         drop(self.state.lock().await);
@@ -500,4 +524,58 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
     let bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
     stream.write_all(&bytes).await?;
     stream.shutdown().await
+}
+
+/// The first IPv4 address of the configured uplink (the node's address).
+pub async fn uplink_ipv4(cfg: &AgentConfig) -> Result<Option<Ipv4Addr>, AgentError> {
+    let Some(name) = &cfg.uplink else {
+        return Ok(None);
+    };
+    let nl = Netlink::connect()?;
+    let link = nl
+        .link_by_name(name)
+        .await?
+        .ok_or_else(|| AgentError::NoUplink(name.clone()))?;
+    Ok(nl
+        .addresses_of(link.index)
+        .await?
+        .first()
+        .map(|(ip, _)| *ip))
+}
+
+impl crate::etcd::ClusterSink for Agent {
+    async fn replace(&self, nodes: Vec<RemoteNode>) {
+        let mut state = self.state.lock().await;
+        let NodeState { dp, cluster, .. } = &mut *state;
+        if let Err(e) = cluster.replace_all(dp, nodes) {
+            tracing::warn!(error = %e, "applying the cluster's nodes");
+        }
+    }
+
+    async fn upsert(&self, node: RemoteNode) {
+        let mut state = self.state.lock().await;
+        let NodeState { dp, cluster, .. } = &mut *state;
+        let (subnet, ip) = (node.subnet, node.node_ip);
+        match cluster.upsert(dp, node) {
+            Ok(true) => tracing::info!(%subnet, node_ip = %ip, "node joined"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(%subnet, error = %e, "adding a node"),
+        }
+    }
+
+    async fn remove(&self, subnet: ipnet::Ipv4Net) {
+        let mut state = self.state.lock().await;
+        let NodeState { dp, cluster, .. } = &mut *state;
+        match cluster.remove(dp, subnet) {
+            Ok(true) => tracing::info!(%subnet, "node left"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(%subnet, error = %e, "removing a node"),
+        }
+    }
+
+    async fn state(&self, text: String) {
+        if let Ok(mut s) = self.store_state.lock() {
+            *s = text;
+        }
+    }
 }

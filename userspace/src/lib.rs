@@ -14,6 +14,7 @@
 //! | [`install`] | CNI binary + conflist onto a node |
 //! | [`node`] | node devices (`rivet_host`, idle vxlan), forwarding |
 //! | [`cluster`] | remote nodes → ROUTES and PEERS maps |
+//! | [`etcd`] | cluster state in etcd (flannel's schema) |
 //! | [`agent`] | the agent: start-up, API server, reconciliation |
 
 pub mod agent;
@@ -21,6 +22,7 @@ pub mod cluster;
 pub mod config;
 pub mod datapath;
 pub mod endpoint;
+pub mod etcd;
 pub mod install;
 pub mod ipam;
 pub mod netlink;

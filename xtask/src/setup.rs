@@ -24,6 +24,9 @@ const APT_PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    "etcd-server",
+    "etcd-client",
+    "protobuf-compiler",
 ];
 
 /// The bpf-linker release that matches aya-ebpf 0.2.1 and LLVM 22.

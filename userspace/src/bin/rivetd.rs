@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 use rivet::{
     agent::{self, Agent, AgentError, RECONCILE_INTERVAL},
     config::{AgentConfig, FileConfig},
-    datapath, netns,
+    datapath,
+    etcd::EtcdCluster,
+    netns,
     pins::PinLayout,
 };
 
@@ -187,12 +189,40 @@ fn run(cli: &Cli) -> Result<(), AgentError2> {
     Ok(())
 }
 
-async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
+/// In cluster mode: registers in etcd and takes the cluster-wide settings
+/// and this node's subnet from there.
+async fn register(cfg: &mut AgentConfig) -> Result<Option<EtcdCluster>, AgentError> {
+    let Some(settings) = cfg.etcd.clone() else {
+        return Ok(None);
+    };
+    let node_ip = agent::uplink_ipv4(cfg).await?.ok_or(AgentError::NoNodeIp)?;
+    rivet::store::create_private_dir(&cfg.state_dir)?;
+    let cluster = EtcdCluster::register(
+        &settings,
+        node_ip,
+        (cfg.cluster_cidr, cfg.mode, cfg.vni, cfg.vxlan_port),
+        &cfg.state_dir,
+    )
+    .await?;
+    let reg = cluster.registration();
+    cfg.cluster_cidr = reg.network;
+    cfg.mode = reg.mode;
+    cfg.vni = reg.vni;
+    cfg.vxlan_port = reg.port;
+    cfg.pod_cidr = reg.subnet;
+    Ok(Some(cluster))
+}
+
+async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
+    let etcd = register(&mut cfg).await?;
     let socket = cfg.socket.clone();
     let pod_cidr = cfg.pod_cidr;
     let agent = Arc::new(Agent::start(cfg, lock, dp, pod_cidr).await?);
+    if let Some(cluster) = etcd {
+        tokio::spawn(cluster.run(Arc::clone(&agent)));
+    }
     let listener = agent::bind(&socket)?;
     tracing::info!(socket = %socket.display(), "serving");
 
@@ -232,9 +262,10 @@ async fn shutdown_signal() {
     }
 }
 
-async fn load(cfg: AgentConfig) -> Result<(), AgentError> {
+async fn load(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
+    register(&mut cfg).await?;
     let pin_dir = cfg.pin_dir.clone();
     let pod_cidr = cfg.pod_cidr;
     let agent = Agent::start(cfg, lock, dp, pod_cidr).await?;
@@ -276,6 +307,13 @@ async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
         None
     };
     let nl = rivet::netlink::Netlink::connect()?;
+    if let Some(settings) = &cfg.etcd {
+        match rivet::etcd::leave(settings, &cfg.state_dir).await {
+            Ok(Some(subnet)) => println!("left the cluster (deleted the lease of {subnet})"),
+            Ok(None) => {}
+            Err(e) => eprintln!("rivetd: warning: could not deregister from etcd: {e}"),
+        }
+    }
     let records = cfg.state_dir.join("endpoints");
     if records.exists() {
         let store = rivet::store::RecordDir::open(&records)?;
