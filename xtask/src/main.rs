@@ -61,12 +61,18 @@ enum Cmd {
         #[arg(long)]
         node_name: Option<String>,
     },
-    /// Build, then run the demo: a node with three pods, ping, iperf3,
-    /// endpoints and counters, then clean up.
+    /// Build, then run the demo: etcd, two nodes with two pods each, ping
+    /// and iperf3 same-node and cross-node, the agents' view, then clean up.
     Demo {
-        /// Leave the namespaces and the agent running for poking.
+        /// Leave the namespaces, agents and etcd running for poking.
         #[arg(long)]
         keep: bool,
+        /// Cross-node mode: vxlan, ipip, native, hybrid.
+        #[arg(long, default_value = "vxlan")]
+        mode: String,
+        /// Number of nodes.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
     },
     /// Build, then install rivet-cni and its conflist on this machine
     /// (`rivetctl install-cni`; paths configurable).
@@ -194,7 +200,7 @@ fn run(cmd: Cmd) -> Result<()> {
                     .arg("unload"),
             )
         }
-        Cmd::Demo { keep } => {
+        Cmd::Demo { keep, mode, nodes } => {
             build()?;
             let mut cmd = cargo();
             cmd.args([
@@ -207,6 +213,7 @@ fn run(cmd: Cmd) -> Result<()> {
                 "rivet-demo",
                 "--",
             ]);
+            cmd.args(["--mode", &mode, "--nodes", &nodes.to_string()]);
             if keep {
                 cmd.arg("--keep");
             }

@@ -1,23 +1,34 @@
-//! `cargo xtask demo`: one node, three pods, traffic through the BPF
-//! datapath, the agent's view of it, then cleanup (or `--keep`).
+//! `cargo xtask demo`: an emulated cluster (etcd + nodes + pods in network
+//! namespaces), same-node and cross-node traffic through the BPF datapath,
+//! the agents' view of it, then cleanup (or `--keep`).
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use clap::Parser;
+use rivet_api::{Request, Response};
 use rivet_tests::{
     World, bin,
     traffic::{iperf3_client, iperf3_server, ping},
 };
 
 #[derive(Parser)]
-#[command(about = "rivet demo: a node with three pods in network namespaces")]
+#[command(about = "rivet demo: nodes and pods in network namespaces, cluster state in etcd")]
 struct Args {
-    /// Leave namespaces, agent and pins in place for poking around.
-    #[arg(long)]
-    keep: bool,
+    /// Cross-node mode: vxlan, ipip, native, hybrid.
+    #[arg(long, default_value = "vxlan")]
+    mode: String,
+    /// Nodes.
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// Pods per node.
+    #[arg(long, default_value_t = 2)]
+    pods: usize,
     /// iperf3 duration in seconds.
     #[arg(long, default_value_t = 3)]
     secs: u32,
+    /// Leave namespaces, agents, etcd and pins in place for poking around.
+    #[arg(long)]
+    keep: bool,
 }
 
 fn step(text: &str) {
@@ -35,92 +46,166 @@ fn rivetctl(socket: &std::path::Path, args: &[&str]) {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
 }
 
+fn peers(w: &World, n: usize) -> usize {
+    match w.nodes[n].agent().client().call(&Request::NodeList {}) {
+        Ok(Response::Nodes { nodes }) => nodes.len(),
+        _ => 0,
+    }
+}
+
 fn main() {
     let args = Args::parse();
-    step("building the world: underlay bridge, one node, rivetd");
+    if !["vxlan", "ipip", "native", "hybrid"].contains(&args.mode.as_str()) {
+        eprintln!("--mode must be vxlan, ipip, native or hybrid");
+        std::process::exit(2);
+    }
+    let nodes_n = args.nodes.clamp(1, 10);
+    step(&format!(
+        "building the world: underlay bridge, etcd, {nodes_n} node(s) in {} mode",
+        args.mode
+    ));
     let mut w = World::new();
-    let n = w.add_node_with_agent();
+    let etcd = w.start_etcd();
     println!(
-        "node {} (namespace {}), uplink eth0 {}, pod CIDR {}",
-        w.nodes[n].name,
-        w.nodes[n].ns.name(),
-        w.nodes[n].ip,
-        w.nodes[n].pod_cidr
+        "etcd at {etcd} (in the underlay namespace {})",
+        w.underlay.name()
     );
-    println!("agent socket {}", w.nodes[n].agent().socket().display());
-
-    step("creating three pods through the agent API");
-    let pods: Vec<usize> = (0..3).map(|_| w.add_pod(n)).collect();
-    for &p in &pods {
-        let e = &w.pods[p].endpoint;
+    let nodes: Vec<usize> = (0..nodes_n)
+        .map(|_| w.add_etcd_node(&args.mode, 10))
+        .collect();
+    for &n in &nodes {
         println!(
-            "pod {:<18} ip {:<12} host veth {} (ifindex {})",
-            w.pods[p].name, e.ip, e.host_ifname, e.host_ifindex
+            "node {:<14} uplink {:<15} pod subnet {:<16} (leased in etcd)",
+            w.nodes[n].name, w.nodes[n].ip, w.nodes[n].pod_cidr
         );
     }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while nodes.iter().any(|&n| peers(&w, n) + 1 < nodes_n) && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
-    step("ping between every pair of pods, and pod <-> node");
-    for &i in &pods {
-        for &j in &pods {
-            if i != j {
-                let r = ping(&w.pods[i].ns, w.pods[j].ip, 3, 0.1);
-                println!(
-                    "{} -> {}: {}/{} replies, avg {:.3} ms",
-                    w.pods[i].ip,
-                    w.pods[j].ip,
-                    r.received,
-                    r.sent,
-                    r.avg_ms.unwrap_or(f64::NAN)
-                );
-            }
+    step(&format!(
+        "creating {} pod(s) per node through the agents",
+        args.pods
+    ));
+    let mut pods = Vec::new();
+    for &n in &nodes {
+        for _ in 0..args.pods.clamp(1, 8) {
+            let p = w.add_pod(n);
+            println!(
+                "pod {:<20} on {:<14} ip {:<13} host veth {}",
+                w.pods[p].name, w.nodes[n].name, w.pods[p].ip, w.pods[p].endpoint.host_ifname
+            );
+            pods.push(p);
         }
-        let r = ping(&w.pods[i].ns, w.nodes[n].ip, 2, 0.1);
+    }
+
+    step("ping: every pod to every other pod (same node and across nodes)");
+    let (mut ok, mut total) = (0, 0);
+    for &a in &pods {
+        for &b in &pods {
+            if a == b {
+                continue;
+            }
+            let r = ping(&w.pods[a].ns, w.pods[b].ip, 2, 0.05);
+            total += 1;
+            let where_ = if w.pods[a].node == w.pods[b].node {
+                "same node "
+            } else {
+                "cross node"
+            };
+            if r.received == r.sent {
+                ok += 1;
+            }
+            println!(
+                "{where_} {:>13} -> {:<13} {}/{} replies, avg {:.3} ms",
+                w.pods[a].ip,
+                w.pods[b].ip,
+                r.received,
+                r.sent,
+                r.avg_ms.unwrap_or(f64::NAN)
+            );
+        }
+    }
+    println!("{ok}/{total} pairs answered every ping");
+    if nodes.len() > 1 {
+        let remote = pods
+            .iter()
+            .copied()
+            .find(|&p| w.pods[p].node != nodes[0])
+            .unwrap_or(pods[0]);
+        let r = ping(&w.nodes[nodes[0]].ns, w.pods[remote].ip, 2, 0.05);
         println!(
-            "{} -> node {}: {}/{} replies",
-            w.pods[i].ip, w.nodes[n].ip, r.received, r.sent
+            "node {} -> remote pod {}: {}/{} replies",
+            w.nodes[nodes[0]].name, w.pods[remote].ip, r.received, r.sent
         );
     }
-    let r = ping(&w.nodes[n].ns, w.pods[pods[0]].ip, 2, 0.1);
-    println!(
-        "node -> {}: {}/{} replies",
-        w.pods[pods[0]].ip, r.received, r.sent
-    );
 
-    step(&format!("iperf3 {}s, pod 1 -> pod 2", args.secs));
-    let server = iperf3_server(&w.pods[pods[1]].ns, 5201, Some(1));
-    let res = iperf3_client(
-        &w.pods[pods[0]].ns,
-        w.pods[pods[1]].ip,
-        5201,
-        args.secs,
-        1,
-        Some(0),
-    );
-    drop(server);
-    println!(
-        "{:.2} Gbit/s, {} retransmits",
-        res.bits_per_second / 1e9,
-        res.retransmits
-    );
+    step(&format!(
+        "iperf3 {} s: same node, then across nodes",
+        args.secs
+    ));
+    let same = pods
+        .iter()
+        .copied()
+        .find(|&p| p != pods[0] && w.pods[p].node == w.pods[pods[0]].node);
+    let cross = pods
+        .iter()
+        .copied()
+        .find(|&p| w.pods[p].node != w.pods[pods[0]].node);
+    for (label, target) in [("same node ", same), ("cross node", cross)] {
+        let Some(t) = target else { continue };
+        let server = iperf3_server(&w.pods[t].ns, 5201, Some(1));
+        let res = iperf3_client(
+            &w.pods[pods[0]].ns,
+            w.pods[t].ip,
+            5201,
+            args.secs,
+            1,
+            Some(0),
+        );
+        drop(server);
+        println!(
+            "{label} {} -> {}: {:.2} Gbit/s, {} retransmits",
+            w.pods[pods[0]].ip,
+            w.pods[t].ip,
+            res.bits_per_second / 1e9,
+            res.retransmits
+        );
+    }
 
-    let socket = w.nodes[n].agent().socket().to_owned();
+    let socket = w.nodes[nodes[0]].agent().socket().to_owned();
+    step(&format!(
+        "rivetctl status (node {})",
+        w.nodes[nodes[0]].name
+    ));
+    rivetctl(&socket, &["status"]);
+    step("rivetctl nodes (routes to the other nodes' pod subnets)");
+    rivetctl(&socket, &["nodes"]);
     step("rivetctl endpoints");
     rivetctl(&socket, &["endpoints"]);
-    step("rivetctl stats (BPF counters; fwd_local = bpf_redirect_peer between pods)");
+    step("rivetctl stats (fwd_local = same node, fwd_encap_*/decap_* = across nodes)");
     rivetctl(&socket, &["stats"]);
-    step("rivetctl status");
-    rivetctl(&socket, &["status"]);
 
     if args.keep {
         step("--keep: leaving everything up");
-        println!("node namespace:  {}", w.nodes[n].ns.name());
+        for &n in &nodes {
+            println!(
+                "node {}: namespace {}, socket {}, agent pid {:?}",
+                w.nodes[n].name,
+                w.nodes[n].ns.name(),
+                w.nodes[n].agent().socket().display(),
+                w.nodes[n].agent().pid()
+            );
+        }
         for &p in &pods {
-            println!("pod namespace:   {}", w.pods[p].ns.name());
+            println!("pod namespace {} ({})", w.pods[p].ns.name(), w.pods[p].ip);
         }
         println!(
             "try:   ip netns exec {} ping {}",
             w.pods[pods[0]].ns.name(),
-            w.pods[pods[2]].ip
+            w.pods[*pods.last().unwrap_or(&pods[0])].ip
         );
         println!(
             "       {} --socket {} stats",
@@ -128,24 +213,18 @@ fn main() {
             socket.display()
         );
         println!(
-            "agent pid {:?}, pins {}",
-            w.nodes[n].agent().pid(),
-            w.nodes[n].pin_dir().display()
+            "clean up: kill the agents and etcd, `rivetd --netns <node> --node-name <node> --state-dir <dir> unload` per node,"
         );
         println!(
-            "clean up: kill the agent, then `{} --netns {} --node-name {} --state-dir {} --socket {} unload`,",
-            bin("rivetd").display(),
-            w.nodes[n].ns.name(),
-            w.nodes[n].name,
-            w.nodes[n].agent_args.state_dir.display(),
-            socket.display()
-        );
-        println!(
-            "          and `ip netns del` each namespace listed above (and {}).",
-            w.underlay.name()
+            "          and `ip netns del` the namespaces (prefix {}).",
+            w.prefix
         );
         w.keep();
+        // etcd keeps running too.
+        if let Some(etcd) = w.etcd.take() {
+            std::mem::forget(etcd);
+        }
     } else {
-        step("cleaning up (agents stopped, pins removed, namespaces deleted)");
+        step("cleaning up (agents stopped, pins removed, etcd stopped, namespaces deleted)");
     }
 }

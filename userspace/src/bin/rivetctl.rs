@@ -309,6 +309,15 @@ fn print_table(response: &Response, show_all: bool) {
                 s.version, s.node_name, s.uptime_secs
             );
             println!(
+                "mode {}  cluster {}  node IP {}  remote nodes {}  store {}",
+                s.mode,
+                s.cluster_cidr,
+                s.node_ip
+                    .map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
+                s.nodes,
+                s.store
+            );
+            println!(
                 "pod CIDR {}  gateway {}  MTU {}",
                 s.pod_cidr, s.gateway, s.mtu
             );
