@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod bench;
 pub mod cni;
+pub mod flannel;
 pub mod netns;
 pub mod packet;
 pub mod progtest;

@@ -39,6 +39,38 @@ pub fn ping(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult 
     parse_ping(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// Every reply's RTT in ms from `ping -c count -i interval dst` in `ns`.
+pub fn ping_times(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> Vec<f64> {
+    let out = ns.output(
+        "ping",
+        &[
+            "-n",
+            "-c",
+            &count.to_string(),
+            "-i",
+            &interval.to_string(),
+            "-W",
+            "1",
+            &dst.to_string(),
+        ],
+    );
+    parse_ping_times(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The `time=… ms` of every reply line.
+pub fn parse_ping_times(text: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| {
+            l.split("time=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 /// Parses ping's summary lines.
 pub fn parse_ping(text: &str) -> PingResult {
     let mut r = PingResult {
@@ -226,6 +258,15 @@ pub fn iperf3_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ping_reply_times() {
+        let text = "PING 10.1.1.2 (10.1.1.2) 56(84) bytes of data.\n64 bytes from 10.1.1.2: icmp_seq=1 ttl=63 time=0.051 ms\n64 bytes from 10.1.1.2: icmp_seq=2 ttl=63 time=1.5 ms\n\n--- 10.1.1.2 ping statistics ---\n";
+        assert_eq!(parse_ping_times(text), vec![0.051, 1.5]);
+        assert!(
+            parse_ping_times("From 10.1.1.1 icmp_seq=1 Destination Host Unreachable").is_empty()
+        );
+    }
 
     #[test]
     fn parses_ping_summary() {

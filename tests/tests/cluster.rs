@@ -174,43 +174,8 @@ fn interoperates_with_a_flannel_style_kernel_vxlan_node() {
         .map(|i| format!("10.{k}.{i}.0/24").parse().expect("net"))
         .find(|n: &ipnet::Ipv4Net| *n != rivet_subnet)
         .expect("a free subnet");
-    let fnode = &w.nodes[f];
-    let fns = &fnode.ns;
-    let fip = fnode.ip.to_string();
-    fns.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-
-    // flannel.1, as flanneld's vxlan backend creates it.
-    fns.ip(&[
-        "link",
-        "add",
-        "flannel.1",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "local",
-        &fip,
-        "dev",
-        "eth0",
-        "dstport",
-        "8472",
-        "nolearning",
-    ]);
-    fns.ip(&["link", "set", "flannel.1", "mtu", "1450", "up"]);
-    fns.ip(&[
-        "addr",
-        "add",
-        &format!("{}/32", fsubnet.network()),
-        "dev",
-        "flannel.1",
-    ]);
-    let link = fns.run("ip", &["-o", "link", "show", "flannel.1"]);
-    let fmac = link
-        .split_whitespace()
-        .skip_while(|w| *w != "link/ether")
-        .nth(1)
-        .expect("flannel.1 MAC")
-        .to_owned();
+    let fnode = rivet_tests::flannel::setup_node(&w, f, fsubnet);
+    let fip = w.nodes[f].ip;
 
     // Its lease, in flannel's format, where rivet's agents watch.
     let key = format!(
@@ -219,7 +184,8 @@ fn interoperates_with_a_flannel_style_kernel_vxlan_node() {
         fsubnet.prefix_len()
     );
     let value = format!(
-        r#"{{"PublicIP":"{fip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{fmac}"}}}}"#
+        r#"{{"PublicIP":"{fip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{}"}}}}"#,
+        fnode.vtep_mac
     );
     let put = w.etcdctl(&["put", &key, &value]);
     assert!(
@@ -230,56 +196,12 @@ fn interoperates_with_a_flannel_style_kernel_vxlan_node() {
 
     // What flanneld writes for the rivet node (learned from its lease).
     let rmac = rivet::netlink::format_mac(&rivet::node::vtep_mac_for(w.nodes[r].ip));
-    let rgw = rivet_subnet.network().to_string();
-    fns.ip(&[
-        "route",
-        "add",
-        &rivet_subnet.to_string(),
-        "via",
-        &rgw,
-        "dev",
-        "flannel.1",
-        "onlink",
-    ]);
-    fns.ip(&[
-        "neigh",
-        "add",
-        &rgw,
-        "lladdr",
-        &rmac,
-        "dev",
-        "flannel.1",
-        "nud",
-        "permanent",
-    ]);
-    fns.run(
-        "bridge",
-        &[
-            "fdb",
-            "add",
-            &rmac,
-            "dev",
-            "flannel.1",
-            "dst",
-            &w.nodes[r].ip.to_string(),
-        ],
-    );
+    rivet_tests::flannel::add_peer(&w, &fnode, rivet_subnet, &rmac, w.nodes[r].ip);
 
     // A pod on the flannel node behind the reference bridge plugin (cni0),
     // as flannel's CNI plugin delegates.
-    let fpod = rivet_tests::Netns::new(format!("{}-fpod", w.prefix));
-    let bridge = rivet_tests::cni::Plugin::reference("bridge", &fns.path());
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "cbr0", "type": "bridge", "bridge": "cni0",
-        "isGateway": true, "ipMasq": false, "mtu": 1450,
-        "ipam": {"type": "host-local", "subnet": fsubnet.to_string(), "dataDir": w.dir().join("fl-ipam"),
-                 "routes": [{"dst": "0.0.0.0/0"}]},
-    });
-    let res = bridge
-        .add("fpod", &fpod.path(), &conf)
-        .expect_ok("bridge ADD on the flannel node");
-    let fpod_ip: std::net::Ipv4Addr =
-        rivet_tests::cni::result_ip(&res.json).expect("flannel pod address");
+    let fpod = rivet_tests::flannel::add_pod(&w, &fnode, "fpod");
+    let fpod_ip = fpod.ip;
 
     // The rivet node learns the flannel node from etcd.
     let fsub = fsubnet.to_string();
@@ -288,15 +210,18 @@ fn interoperates_with_a_flannel_style_kernel_vxlan_node() {
     });
 
     assert_ping(&w.pods[rpod].ns, fpod_ip, 3);
-    assert_ping(&fpod, w.pods[rpod].ip, 3);
-    let moved =
-        rivet_tests::traffic::tcp_transfer(&fpod, &w.pods[rpod].ns, w.pods[rpod].ip, 7300, 2 << 20);
+    assert_ping(&fpod.ns, w.pods[rpod].ip, 3);
+    let moved = rivet_tests::traffic::tcp_transfer(
+        &fpod.ns,
+        &w.pods[rpod].ns,
+        w.pods[rpod].ip,
+        7300,
+        2 << 20,
+    );
     assert_eq!(moved, 2 << 20);
-    let moved = rivet_tests::traffic::tcp_transfer(&w.pods[rpod].ns, &fpod, fpod_ip, 7301, 2 << 20);
+    let moved =
+        rivet_tests::traffic::tcp_transfer(&w.pods[rpod].ns, &fpod.ns, fpod_ip, 7301, 2 << 20);
     assert_eq!(moved, 2 << 20);
     let c = w.nodes[r].counters();
     assert!(c["fwd_encap_vxlan"] >= 3 && c["decap_vxlan"] >= 3, "{c:?}");
-    bridge
-        .del("fpod", Some(&fpod.path()), &conf)
-        .expect_ok("bridge DEL");
 }

@@ -32,6 +32,9 @@ enum Which {
     SameNode,
     /// CNI ADD/DEL latency and ADD throughput: rivet vs bridge + host-local.
     Cni,
+    /// Cross-node pod to pod: underlay, flannel-style kernel vxlan, rivet in
+    /// every mode, with veth-default and NIC-like underlays.
+    Overlay,
 }
 
 fn main() {
@@ -50,7 +53,7 @@ fn main() {
         }
     };
     let which = if args.which.is_empty() {
-        vec![Which::SameNode, Which::Cni]
+        vec![Which::SameNode, Which::Cni, Which::Overlay]
     } else {
         args.which
     };
@@ -60,6 +63,7 @@ fn main() {
         reports.push(match w {
             Which::SameNode => bench::same_node::run(&opts),
             Which::Cni => bench::cni::run(&opts),
+            Which::Overlay => bench::overlay::run(&opts),
         });
     }
     for r in &reports {

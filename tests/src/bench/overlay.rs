@@ -1,0 +1,164 @@
+//! Cross-node pod → pod: the underlay itself (node → node), flannel's
+//! kernel vxlan device, and rivet in every mode, interleaved, for two
+//! underlay behaviours:
+//!
+//! - `veth`: the veth default — TSO and checksum offload carried, so GSO
+//!   trains cross the underlay whole;
+//! - `nic`: NIC-like — software GSO and checksums on the senders' uplinks
+//!   and the underlay bridge ports, NAPI GRO on the receiving uplinks, so
+//!   frames on the wire are MTU-sized and receive aggregation decides speed.
+//!
+//! `rivet-vxlan-nogro` is rivet vxlan with its idle `rivet_vxlan` device
+//! deleted: the measurement behind keeping that device (receive GRO).
+
+use std::{net::Ipv4Addr, time::Instant};
+
+use ipnet::Ipv4Net;
+
+use super::{Options, Report, percentile, progress};
+use crate::{
+    Netns, World, flannel,
+    traffic::{iperf3_client, iperf3_server, ping_times},
+};
+
+/// The variants, in display order.
+const VARIANTS: [&str; 7] = [
+    "underlay",
+    "kernel-vxlan",
+    "rivet-vxlan",
+    "rivet-vxlan-nogro",
+    "rivet-ipip",
+    "rivet-native",
+    "rivet-hybrid",
+];
+
+/// Builds the kernel-vxlan world: two flannel-style nodes, a bridge pod on
+/// each. Returns the world and the pods (client, server).
+fn flannel_world() -> (World, flannel::FlannelPod, flannel::FlannelPod) {
+    let mut w = World::new();
+    let a = w.add_node();
+    let b = w.add_node();
+    let k = w.k;
+    let sub = |i: u8| -> Ipv4Net { format!("10.{k}.{i}.0/24").parse().expect("subnet") };
+    let fa = flannel::setup_node(&w, a, sub(1));
+    let fb = flannel::setup_node(&w, b, sub(2));
+    flannel::add_peer(&w, &fa, fb.subnet, &fb.vtep_mac, w.nodes[b].ip);
+    flannel::add_peer(&w, &fb, fa.subnet, &fa.vtep_mac, w.nodes[a].ip);
+    let pa = flannel::add_pod(&w, &fa, "fa");
+    let pb = flannel::add_pod(&w, &fb, "fb");
+    (w, pa, pb)
+}
+
+/// A two-node rivet cluster in `mode` with one pod per node.
+fn rivet_world(mode: &str) -> (World, usize, usize) {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, mode);
+    let a = w.add_pod(nodes[0]);
+    let b = w.add_pod(nodes[1]);
+    (w, a, b)
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options) -> Report {
+    let (rounds, secs) = (opts.rounds, opts.secs);
+    progress("overlay: building worlds");
+    let (fw, fpa, fpb) = flannel_world();
+    let mut rivet: Vec<(&str, World, usize, usize)> = Vec::new();
+    for (variant, mode) in [
+        ("rivet-vxlan", "vxlan"),
+        ("rivet-vxlan-nogro", "vxlan"),
+        ("rivet-ipip", "ipip"),
+        ("rivet-native", "native"),
+        ("rivet-hybrid", "hybrid"),
+    ] {
+        progress(&format!("overlay: building {variant}"));
+        let (w, a, b) = rivet_world(mode);
+        if variant == "rivet-vxlan-nogro" {
+            for n in &w.nodes {
+                n.ns.ip(&["link", "del", rivet::node::VXLAN_DEV]);
+            }
+        }
+        rivet.push((variant, w, a, b));
+    }
+    let endpoints = |variant: &str| -> (&Netns, &Netns, Ipv4Addr) {
+        match variant {
+            "underlay" => (&fw.nodes[0].ns, &fw.nodes[1].ns, fw.nodes[1].ip),
+            "kernel-vxlan" => (&fpa.ns, &fpb.ns, fpb.ip),
+            _ => {
+                let (_, w, a, b) = rivet.iter().find(|r| r.0 == variant).expect("variant");
+                (&w.pods[*a].ns, &w.pods[*b].ns, w.pods[*b].ip)
+            }
+        }
+    };
+
+    let mut report = Report {
+        name: "overlay: cross-node pod → pod".into(),
+        variants: VARIANTS.iter().map(|v| (*v).to_owned()).collect(),
+        baseline: "kernel-vxlan".into(),
+        ..Default::default()
+    };
+    for b in ["veth", "nic"] {
+        report
+            .better
+            .insert(format!("throughput_gbps ({b})"), "higher".into());
+        report
+            .better
+            .insert(format!("rtt_p50_ms ({b})"), "lower".into());
+    }
+    report.notes.push(format!(
+        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round, per underlay behaviour"
+    ));
+    report
+        .notes
+        .push("rtt: median of ping -c 50 -i 0.005 reply times".into());
+    report.notes.push("veth: the veth default (TSO/checksum offload carried end to end); nic: tso/tx-checksum off on the node uplinks and underlay bridge ports, GRO on (NAPI) at the receiving uplinks".into());
+    report.notes.push("underlay: node → node over eth0 (no encapsulation); kernel-vxlan: flannel.1 (VNI 1, port 8472, nolearning, onlink route + permanent neighbour + FDB per peer) with pods behind the reference bridge plugin, as flannel's vxlan backend sets a node up".into());
+    report.notes.push("rivet-*: rivetd --mode vxlan|ipip|native|hybrid, static cluster of two nodes on one L2 (hybrid therefore routes natively); rivet-vxlan-nogro: rivet vxlan with the idle rivet_vxlan GRO device deleted".into());
+
+    let total = (rounds + 1) as usize * VARIANTS.len() * 2;
+    let started = Instant::now();
+    let mut done = 0;
+    for behaviour in ["veth", "nic"] {
+        if behaviour == "nic" {
+            flannel::nic_like(&fw);
+            for (_, w, _, _) in &rivet {
+                flannel::nic_like(w);
+            }
+        }
+        for round in 0..=rounds {
+            for variant in VARIANTS {
+                done += 1;
+                progress(&format!(
+                    "overlay ({behaviour}): round {round}/{rounds} {variant:<18} [{done}/{total}, {:.0}s]",
+                    started.elapsed().as_secs_f64()
+                ));
+                let (client, server, ip) = endpoints(variant);
+                let t = if round == 0 { 1 } else { secs };
+                let srv = iperf3_server(server, 5201, Some(1));
+                let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
+                drop(srv);
+                let rtt = ping_times(client, ip, 50, 0.005);
+                if round > 0 {
+                    report.add(
+                        &format!("throughput_gbps ({behaviour})"),
+                        variant,
+                        res.bits_per_second / 1e9,
+                    );
+                    if !rtt.is_empty() {
+                        report.add(
+                            &format!("rtt_p50_ms ({behaviour})"),
+                            variant,
+                            percentile(&rtt, 50.0),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    progress("");
+    eprintln!("overlay: done in {:.0}s", started.elapsed().as_secs_f64());
+    drop((fpa, fpb));
+    drop(fw);
+    drop(rivet);
+    report
+}
