@@ -129,15 +129,30 @@ fn agent_killed_during_add_storm_reclaims_pending_leases() {
             .collect(),
     );
 
+    // The kill lands once a few ADDs have succeeded (not after a fixed
+    // time: a busy machine may not have finished one by then).
+    let succeeded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let storm = {
         let (plugin, conf, spaces) = (Arc::clone(&plugin), Arc::clone(&conf), Arc::clone(&spaces));
+        let succeeded = Arc::clone(&succeeded);
         std::thread::spawn(move || {
             parallel(80, 8, move |i| {
-                plugin.add(&format!("k{i}"), &spaces[i].path(), &conf)
+                let r = plugin.add(&format!("k{i}"), &spaces[i].path(), &conf);
+                if r.ok {
+                    succeeded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                r
             })
         })
     };
-    std::thread::sleep(Duration::from_millis(400));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while succeeded.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ADD succeeded within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
     w.nodes[n]
         .agent_mut()
         .stop_with(nix::sys::signal::Signal::SIGKILL);
