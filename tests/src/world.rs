@@ -72,6 +72,17 @@ impl Node {
             other => panic!("stats from {}: {other:?}", self.name),
         }
     }
+
+    /// Datapath counters by name as (packets, bytes).
+    pub fn counters_with_bytes(&self) -> BTreeMap<String, (u64, u64)> {
+        match self.agent().client().call(&Request::Stats {}) {
+            Ok(Response::Stats { counters }) => counters
+                .into_iter()
+                .map(|c| (c.name, (c.packets, c.bytes)))
+                .collect(),
+            other => panic!("stats from {}: {other:?}", self.name),
+        }
+    }
 }
 
 impl Node {

@@ -3,8 +3,20 @@
 
 use rivet_tests::{
     World,
-    traffic::{assert_ping, tcp_transfer},
+    traffic::{assert_ping, iperf3_client, iperf3_server, tcp_transfer},
 };
+
+/// Average size of the packets a counter saw between two readings.
+fn avg_size(
+    before: &std::collections::BTreeMap<String, (u64, u64)>,
+    after: &std::collections::BTreeMap<String, (u64, u64)>,
+    name: &str,
+) -> u64 {
+    let (p0, b0) = before.get(name).copied().unwrap_or_default();
+    let (p1, b1) = after.get(name).copied().unwrap_or_default();
+    assert!(p1 > p0, "{name} did not move: {after:?}");
+    (b1 - b0) / (p1 - p0)
+}
 
 fn cross_node(mode: &str) {
     let mut w = World::new();
@@ -25,6 +37,31 @@ fn cross_node(mode: &str) {
         w.pods[b].ip,
         7101,
         1 << 20,
+    );
+
+    // iperf3 between the pods; GSO survives the encapsulation: the packets
+    // the sender's program encapsulates and the receiver's decapsulates are
+    // whole TCP trains, far above the 1500-byte MTU (the veth underlay
+    // carries GSO, like a NIC with tunnel TSO).
+    let sent_name = match mode {
+        "vxlan" => "fwd_encap_vxlan",
+        "ipip" => "fwd_encap_ipip",
+        _ => "fwd_native",
+    };
+    let tx0 = w.nodes[nodes[0]].counters_with_bytes();
+    let srv = iperf3_server(&w.pods[b].ns, 5201, None);
+    let res = iperf3_client(&w.pods[a].ns, w.pods[b].ip, 5201, 2, 1, None);
+    drop(srv);
+    assert!(res.bits_per_second > 1e8, "iperf3 {mode}: {res:?}");
+    let tx1 = w.nodes[nodes[0]].counters_with_bytes();
+    let avg = avg_size(&tx0, &tx1, sent_name);
+    eprintln!(
+        "{mode}: {:.2} Gbit/s, {sent_name} average packet {avg} bytes",
+        res.bits_per_second / 1e9
+    );
+    assert!(
+        avg > 8000,
+        "{sent_name}: average packet {avg} bytes: GSO lost"
     );
 
     let after: Vec<_> = nodes.iter().map(|&n| w.nodes[n].counters()).collect();
@@ -178,4 +215,39 @@ fn path_mtu_works_through_the_tunnel() {
     w.pods[a].ns.ip(&["route", "flush", "cache"]);
     let moved = tcp_transfer(&w.pods[a].ns, &w.pods[b].ns, w.pods[b].ip, 7200, 2 << 20);
     assert_eq!(moved, 2 << 20);
+}
+
+/// Receive GRO on a NIC-like underlay (software GSO on the sender, NAPI GRO
+/// on the receiving uplink): with the idle `rivet_vxlan` device bound to
+/// the port, GRO merges the VXLAN segments before `from_uplink`, which
+/// decapsulates merged trains; without it every 1500-byte segment is
+/// decapsulated alone. IPIP needs no device.
+#[test]
+fn vxlan_receive_gro_merges_trains_on_a_nic_like_underlay() {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, "vxlan");
+    let a = w.add_pod(nodes[0]);
+    let b = w.add_pod(nodes[1]);
+    rivet_tests::flannel::nic_like(&w);
+    let receiver = &w.nodes[nodes[1]];
+    let transfer = |port: u16| {
+        let before = receiver.counters_with_bytes();
+        let srv = iperf3_server(&w.pods[b].ns, port, None);
+        let res = iperf3_client(&w.pods[a].ns, w.pods[b].ip, port, 2, 1, None);
+        drop(srv);
+        assert!(res.bits_per_second > 1e8, "iperf3: {res:?}");
+        avg_size(&before, &receiver.counters_with_bytes(), "decap_vxlan")
+    };
+    let merged = transfer(5201);
+    assert!(
+        merged > 3000,
+        "with rivet_vxlan: decapsulated packets average {merged} bytes (GRO did not merge)"
+    );
+    receiver.ns.ip(&["link", "del", rivet::node::VXLAN_DEV]);
+    let alone = transfer(5202);
+    eprintln!("decap_vxlan average packet: {merged} bytes with rivet_vxlan, {alone} without");
+    assert!(
+        alone <= 1500,
+        "without rivet_vxlan: decapsulated packets average {alone} bytes (expected single segments)"
+    );
 }
