@@ -102,7 +102,7 @@ impl Plugin {
     /// rivet-cni (from the build) with rivet-cni's directory and the
     /// reference plugins in CNI_PATH, run inside the node namespace.
     pub fn rivet(node_ns: &Path) -> Self {
-        let bin = crate::bin("rivet-cni");
+        let bin = crate::cni_bin();
         let dir = bin.parent().map(Path::to_path_buf).unwrap_or_default();
         Self {
             bin,

@@ -57,6 +57,16 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The rivet-cni binary the tests drive: `$RIVET_CNI_BIN` (the static
+/// build `cargo xtask test` makes, the one that ships), else the workspace
+/// build beside the other binaries.
+pub fn cni_bin() -> PathBuf {
+    match std::env::var_os("RIVET_CNI_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => bin("rivet-cni"),
+    }
+}
+
 /// A short prefix unique to this process and call: `rt<pid hex><n>`.
 pub fn unique_prefix() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -952,3 +952,36 @@ fn reference_plugins_are_present() {
         );
     }
 }
+
+/// The plugin ships as a static binary: no ELF interpreter (`PT_INTERP`),
+/// so it runs on any node whatever its libc. Checked on the binary the
+/// suite drives when that is the shipped build (`cargo xtask test` sets
+/// `RIVET_CNI_BIN`); a plain `cargo test` drives the workspace's dynamic
+/// debug build and says so.
+#[test]
+fn plugin_binary_is_static() {
+    if std::env::var_os("RIVET_CNI_BIN").is_none() {
+        eprintln!("RIVET_CNI_BIN unset: not the shipped build (cargo xtask test sets it)");
+        return;
+    }
+    let path = rivet_tests::cni_bin();
+    let elf = std::fs::read(&path).expect("read rivet-cni");
+    assert_eq!(&elf[..4], b"\x7fELF", "{} is not ELF", path.display());
+    assert_eq!(elf[4], 2, "64-bit ELF expected");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().expect("8 bytes")) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    let types: Vec<u32> = (0..phnum)
+        .map(|i| {
+            let o = phoff + i * phentsize;
+            u32::from_le_bytes(elf[o..o + 4].try_into().expect("4 bytes"))
+        })
+        .collect();
+    assert!(!types.is_empty(), "no program headers");
+    assert!(
+        !types.contains(&PT_INTERP),
+        "{} needs a dynamic loader (PT_INTERP present)",
+        path.display()
+    );
+}

@@ -9,7 +9,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use rivet_tests::{World, bin};
+use rivet_tests::World;
 
 /// podman with a private configuration, storage and run directory, inside
 /// the node's network namespace (`nsenter --net`, not `ip netns exec`, which
@@ -27,7 +27,7 @@ impl Podman {
         std::fs::create_dir_all(&net_d).expect("net.d");
         let conflist = rivet::install::conflist("rivet", socket);
         std::fs::write(net_d.join("10-rivet.conflist"), conflist.to_string()).expect("conflist");
-        let plugin_dir = bin("rivet-cni")
+        let plugin_dir = rivet_tests::cni_bin()
             .parent()
             .map(Path::to_path_buf)
             .expect("bin dir");

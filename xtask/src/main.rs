@@ -203,6 +203,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Demo { keep, mode, nodes } => {
             build()?;
             let mut cmd = cargo();
+            cmd.env("RIVET_CNI_BIN", static_cni(true)?);
             cmd.args([
                 "run",
                 "--release",
@@ -225,10 +226,13 @@ fn run(cmd: Cmd) -> Result<()> {
             socket,
         } => {
             build()?;
+            let cni = static_cni(true)?;
             run_cmd(Command::new(root().join("target/release/rivetctl")).args([
                 "--socket",
                 &socket,
                 "install-cni",
+                "--binary",
+                &cni.to_string_lossy(),
                 "--bin-dir",
                 &bin_dir,
                 "--conf-dir",
@@ -250,6 +254,7 @@ fn run(cmd: Cmd) -> Result<()> {
             build()?;
             run_cmd(
                 cargo()
+                    .env("RIVET_CNI_BIN", static_cni(true)?)
                     .args([
                         "run",
                         "--release",
@@ -267,7 +272,42 @@ fn run(cmd: Cmd) -> Result<()> {
 }
 
 fn build() -> Result<()> {
-    run_cmd(cargo().args(["build", "--release", "-p", "rivet", "-p", "rivet-cni"]))
+    run_cmd(cargo().args(["build", "--release", "-p", "rivet", "-p", "rivet-cni"]))?;
+    static_cni(true).map(|_| ())
+}
+
+/// The host's target triple (`rustc -vV`).
+fn host_triple() -> Result<String> {
+    let out = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .context("running rustc -vV")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .context("no host line in rustc -vV")
+}
+
+/// Builds the shipped plugin: rivet-cni linked statically (static-pie, no
+/// dynamic loader, runs on any node whatever its libc). Built with an
+/// explicit `--target` so the flag reaches neither build scripts nor proc
+/// macros, into its own directory so the workspace's dynamic build and this
+/// one do not rebuild each other. Returns the binary's path.
+fn static_cni(release: bool) -> Result<PathBuf> {
+    let triple = host_triple()?;
+    let mut cmd = cargo();
+    cmd.args(["build", "-p", "rivet-cni", "--target", &triple])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static");
+    if release {
+        cmd.arg("--release");
+    }
+    run_cmd(&mut cmd)?;
+    let profile = if release { "release" } else { "debug" };
+    Ok(root()
+        .join("target")
+        .join(&triple)
+        .join(profile)
+        .join("rivet-cni"))
 }
 
 fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
@@ -297,9 +337,12 @@ fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
                 .args(["--target-dir", "target/ebpf-clippy", "--", "-D", "warnings"]),
         )?;
     }
-    // Binaries the integration tests drive (rivetd, rivetctl, rivet-cni).
+    // Binaries the integration tests drive (rivetd, rivetctl, rivet-cni);
+    // the plugin tests run the static build, the one that ships.
     run_cmd(cargo().args(["build", "-p", "rivet", "-p", "rivet-cni"]))?;
+    let cni = static_cni(false)?;
     let mut cmd = cargo();
+    cmd.env("RIVET_CNI_BIN", &cni);
     cmd.args([
         "test",
         "--workspace",
