@@ -20,41 +20,24 @@ pub struct PingResult {
     pub avg_ms: Option<f64>,
 }
 
-/// `ping -c count -i interval dst` from inside `ns`.
-pub fn ping(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult {
+/// The output of `ping -n -c count -i interval -W 1 dst` run in `ns`.
+fn ping_text(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> String {
+    let (count, interval, dst) = (count.to_string(), interval.to_string(), dst.to_string());
     let out = ns.output(
         "ping",
-        &[
-            "-n",
-            "-q",
-            "-c",
-            &count.to_string(),
-            "-i",
-            &interval.to_string(),
-            "-W",
-            "1",
-            &dst.to_string(),
-        ],
+        &["-n", "-c", &count, "-i", &interval, "-W", "1", &dst],
     );
-    parse_ping(&String::from_utf8_lossy(&out.stdout))
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ping -c count -i interval dst` from inside `ns`.
+pub fn ping(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> PingResult {
+    parse_ping(&ping_text(ns, dst, count, interval))
 }
 
 /// Every reply's RTT in ms from `ping -c count -i interval dst` in `ns`.
 pub fn ping_times(ns: &Netns, dst: Ipv4Addr, count: u32, interval: f64) -> Vec<f64> {
-    let out = ns.output(
-        "ping",
-        &[
-            "-n",
-            "-c",
-            &count.to_string(),
-            "-i",
-            &interval.to_string(),
-            "-W",
-            "1",
-            &dst.to_string(),
-        ],
-    );
-    parse_ping_times(&String::from_utf8_lossy(&out.stdout))
+    parse_ping_times(&ping_text(ns, dst, count, interval))
 }
 
 /// The `time=… ms` of every reply line.

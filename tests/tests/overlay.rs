@@ -6,6 +6,15 @@ use rivet_tests::{
     traffic::{assert_ping, iperf3_client, iperf3_server, tcp_transfer},
 };
 
+/// A static two-node cluster in `mode` with one pod on each node.
+fn two_node_pods(mode: &str) -> (World, Vec<usize>, usize, usize) {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, mode);
+    let a = w.add_pod(nodes[0]);
+    let b = w.add_pod(nodes[1]);
+    (w, nodes, a, b)
+}
+
 /// Average size of the packets a counter saw between two readings.
 fn avg_size(
     before: &std::collections::BTreeMap<String, (u64, u64)>,
@@ -19,10 +28,7 @@ fn avg_size(
 }
 
 fn cross_node(mode: &str) {
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, mode);
-    let a = w.add_pod(nodes[0]);
-    let b = w.add_pod(nodes[1]);
+    let (w, nodes, a, b) = two_node_pods(mode);
     let before: Vec<_> = nodes.iter().map(|&n| w.nodes[n].counters()).collect();
 
     assert_ping(&w.pods[a].ns, w.pods[b].ip, 3);
@@ -116,10 +122,7 @@ fn hybrid_between_nodes_on_one_subnet_is_native() {
 /// the second, TTL 3 reaches the pod; traceroute shows both nodes.
 #[test]
 fn ttl_is_decremented_per_node_and_expires_with_icmp() {
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, "vxlan");
-    let a = w.add_pod(nodes[0]);
-    let b = w.add_pod(nodes[1]);
+    let (w, nodes, a, b) = two_node_pods("vxlan");
     let dst = w.pods[b].ip.to_string();
     let ping_ttl = |ttl: &str| {
         let out = w.pods[a]
@@ -166,10 +169,7 @@ fn ttl_is_decremented_per_node_and_expires_with_icmp() {
 /// TCP over such a misconfigured pod still completes (no black hole).
 #[test]
 fn path_mtu_works_through_the_tunnel() {
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, "vxlan");
-    let a = w.add_pod(nodes[0]);
-    let b = w.add_pod(nodes[1]);
+    let (w, nodes, a, b) = two_node_pods("vxlan");
     assert_eq!(w.pods[a].endpoint.mtu, 1450, "pod MTU = 1500 − 50");
     let dst = w.pods[b].ip.to_string();
     let ping = |size: &str| {
@@ -224,10 +224,7 @@ fn path_mtu_works_through_the_tunnel() {
 /// decapsulated alone. IPIP needs no device.
 #[test]
 fn vxlan_receive_gro_merges_trains_on_a_nic_like_underlay() {
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, "vxlan");
-    let a = w.add_pod(nodes[0]);
-    let b = w.add_pod(nodes[1]);
+    let (w, nodes, a, b) = two_node_pods("vxlan");
     rivet_tests::flannel::nic_like(&w);
     let receiver = &w.nodes[nodes[1]];
     let transfer = |port: u16| {
