@@ -215,6 +215,13 @@ impl World {
         underlay.ip(&["link", "add", "br0", "type", "bridge"]);
         underlay.ip(&["addr", "add", &format!("192.168.{k}.1/24"), "dev", "br0"]);
         underlay.ip(&["link", "set", "br0", "up"]);
+        // The underlay stands for a physical switch: no netfilter on it.
+        // (With br_netfilter loaded, bridged frames would otherwise run the
+        // iptables hooks in this namespace: ~15 % of a single stream's CPU.)
+        for key in ["iptables", "ip6tables", "arptables"] {
+            let path = format!("/proc/sys/net/bridge/bridge-nf-call-{key}");
+            let _ = underlay.exec(move || std::fs::write(path, "0"));
+        }
         Self {
             pods: Vec::new(),
             nodes: Vec::new(),
