@@ -902,6 +902,84 @@ fn ranges_routes_and_dns() {
     assert!(msg.contains("10.96.0.0/12"), "{msg}");
 }
 
+/// What ADD leaves in both namespaces, read back with the kernel's own
+/// tools: the pod end (lo up, /32 address, link up, gateway and default
+/// routes, IPv6 off: no DAD, no router advertisements) and the host end
+/// (up, /32 route, permanent neighbour, IPv6 off, accept_ra=0, from_pod
+/// attached).
+#[test]
+fn add_plumbs_both_ends() {
+    let e = env();
+    let a = e.pod_ns("pl");
+    let r = e
+        .plugin
+        .add("pl", &a.path(), &e.conf("1.0.0"))
+        .expect_ok("ADD");
+    let ip = result_ip(&r.json);
+    let host = r.json["interfaces"][0]["name"]
+        .as_str()
+        .expect("host if")
+        .to_owned();
+    let node = &e.w.nodes[e.n].ns;
+
+    let lo = a.ip(&["-o", "link", "show", "lo"]);
+    assert!(lo.contains("UP"), "{lo}");
+    let eth0 = a.ip(&["-o", "-4", "addr", "show", "dev", "eth0"]);
+    assert!(eth0.contains(&format!("inet {ip}/32")), "{eth0}");
+    let link = a.ip(&["-o", "link", "show", "eth0"]);
+    assert!(link.contains("state UP"), "{link}");
+    let routes = a.ip(&["-4", "route", "show"]);
+    assert!(
+        routes.contains("default via 169.254.1.1 dev eth0"),
+        "{routes}"
+    );
+    assert!(
+        routes
+            .lines()
+            .any(|l| l.starts_with("169.254.1.1 dev eth0") && l.contains("scope link")),
+        "{routes}"
+    );
+    assert!(
+        a.ip(&["-6", "addr", "show", "dev", "eth0"])
+            .trim()
+            .is_empty(),
+        "no IPv6 address on the pod end"
+    );
+    let sysctl = |ns: &Netns, ifname: &str, key: &str| {
+        ns.run("cat", &[&format!("/proc/sys/net/ipv6/conf/{ifname}/{key}")])
+            .trim()
+            .to_owned()
+    };
+    for (ns, ifname) in [(&a, "eth0"), (node, host.as_str())] {
+        assert_eq!(sysctl(ns, ifname, "disable_ipv6"), "1", "{ifname}");
+        assert_eq!(sysctl(ns, ifname, "accept_dad"), "0", "{ifname}");
+        assert_eq!(sysctl(ns, ifname, "accept_ra"), "0", "{ifname}");
+    }
+
+    let hlink = node.ip(&["-o", "link", "show", &host]);
+    assert!(hlink.contains("UP"), "{hlink}");
+    let hroute = node.ip(&["-4", "route", "show", &format!("{ip}/32")]);
+    assert!(
+        hroute.contains(&format!("dev {host}")) && hroute.contains("scope link"),
+        "{hroute}"
+    );
+    let neigh = node.ip(&["neigh", "show", &ip.to_string(), "dev", &host]);
+    assert!(
+        neigh.contains(r.json["interfaces"][1]["mac"].as_str().expect("pod mac"))
+            && neigh.contains("PERMANENT"),
+        "{neigh}"
+    );
+    let filters = node.run("tc", &["filter", "show", "dev", &host, "ingress"]);
+    assert!(
+        filters.contains("from_pod") && filters.contains("direct-action"),
+        "{filters}"
+    );
+    assert_ping(&a, e.node_ip(), 1);
+    e.plugin
+        .del("pl", Some(&a.path()), &e.conf("1.0.0"))
+        .expect_ok("DEL");
+}
+
 /// Capabilities are recorded on the endpoint; a conflicting hostPort is
 /// refused at ADD.
 #[test]

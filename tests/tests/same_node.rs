@@ -420,3 +420,32 @@ fn vanished_pod_is_reconciled() {
     let b = w.pods.iter().position(|p| p.ip != gone_ip).unwrap_or(b);
     assert_ping(&w.pods[b].ns, w.nodes[n].ip, 2);
 }
+
+/// A program removed from a pod veth behind the agent's back (tc mode, the
+/// default) is put back by the periodic reconciliation, whose probe runs
+/// without the state lock.
+#[test]
+fn removed_attachment_is_restored() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let a = w.add_pod(n);
+    let b = w.add_pod(n);
+    let host = w.pods[a].endpoint.host_ifname.clone();
+    let filters = |w: &World| {
+        w.nodes[n]
+            .ns
+            .run("tc", &["filter", "show", "dev", &host, "ingress"])
+            .contains("from_pod")
+    };
+    assert!(filters(&w), "attached after ADD");
+    w.nodes[n]
+        .ns
+        .run("tc", &["filter", "del", "dev", &host, "ingress"]);
+    assert!(!filters(&w), "removed");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !filters(&w) {
+        assert!(Instant::now() < deadline, "not restored within 15 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ping(&w.pods[a].ns, w.pods[b].ip, 2);
+}

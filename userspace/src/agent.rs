@@ -2,7 +2,7 @@
 //! keeps kernel state reconciled with its records.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     net::Ipv4Addr,
     os::unix::fs::PermissionsExt as _,
     path::Path,
@@ -24,7 +24,7 @@ use crate::{
     cluster::{Cluster, ClusterError, RemoteNode},
     config::{AgentConfig, Mode},
     datapath::{AttachMode, Datapath, DatapathError},
-    endpoint::{self, EndpointError, EndpointSettings, Endpoints},
+    endpoint::{self, EndpointError, EndpointSettings, Endpoints, Reattach},
     netlink::{ConnectError, Netlink, NetlinkError},
     node,
     pins::{self, Hook, PinError, PinLayout, PinLock},
@@ -217,7 +217,7 @@ impl Agent {
             &cfg.state_dir,
         )?;
         endpoints
-            .reconcile(&nl, &mut dp, true, &keep_links(&cfg), &local)
+            .reconcile(&nl, &mut dp, Reattach::All, &keep_links(&cfg), &local, None)
             .await?;
         tracing::info!(
             node = %cfg.node_name,
@@ -300,14 +300,7 @@ impl Agent {
             }),
             Request::EndpointAdd(spec) => {
                 let ep = endpoints.add(spec, &self.nl, dp, local).await?;
-                let store = endpoints.store().clone();
                 drop(state);
-                // Durable before the answer, but outside the lock.
-                let key = ep.host_ifname.clone();
-                tokio::task::spawn_blocking(move || store.sync(&key))
-                    .await
-                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
                 tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
                 Ok(Response::Endpoint(ep))
             }
@@ -414,8 +407,26 @@ impl Agent {
 
     /// One reconciliation pass: local addresses, then endpoints.
     pub async fn reconcile(&self) -> Result<(), AgentError> {
+        // Probes that need no consistency with the records run without the
+        // lock, so that ADD and DEL never wait for them.
+        let (targets, generation) = {
+            let state = self.state.lock().await;
+            (
+                state.endpoints.tc_probe_targets(),
+                state.endpoints.generation(),
+            )
+        };
+        let mut probed = HashMap::new();
+        for index in targets {
+            // A veth gone meanwhile (ENODEV) is the record check's business.
+            if let Ok(ids) = self.nl.tc_bpf_prog_ids(index, true).await {
+                probed.insert(index, !ids.is_empty());
+            }
+        }
+        let links = self.nl.links().await?;
         let addrs = self.nl.ipv4_addresses().await?;
         let mut state = self.state.lock().await;
+        let started = std::time::Instant::now();
         let NodeState {
             dp,
             endpoints,
@@ -425,8 +436,19 @@ impl Agent {
         *local = addrs.iter().map(|(_, ip)| *ip).collect();
         dp.set_local_addrs(&local.iter().copied().collect::<Vec<_>>())?;
         endpoints
-            .reconcile(&self.nl, dp, false, &keep_links(&self.cfg), local)
+            .reconcile(
+                &self.nl,
+                dp,
+                Reattach::Missing(&probed),
+                &keep_links(&self.cfg),
+                local,
+                Some((generation, links)),
+            )
             .await?;
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "reconciled (state lock held)"
+        );
         Ok(())
     }
 
@@ -501,6 +523,7 @@ pub async fn serve(
 }
 
 async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::io::Result<()> {
+    let started = std::time::Instant::now();
     let mut body = Vec::new();
     let read = tokio::time::timeout(
         REQUEST_TIMEOUT,
@@ -523,7 +546,12 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
     };
     let bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
     stream.write_all(&bytes).await?;
-    stream.shutdown().await
+    stream.shutdown().await?;
+    tracing::debug!(
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "API request answered"
+    );
+    Ok(())
 }
 
 /// The first IPv4 address of the configured uplink (the node's address).

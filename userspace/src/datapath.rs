@@ -6,7 +6,11 @@
 //! programs are loaded afresh and swapped into the existing pinned links with
 //! `bpf_link_update` (atomic: there is no instant without a program).
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::Ipv4Addr,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::PathBuf,
+};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
@@ -23,7 +27,10 @@ use rivet_common::{
     ipv4_from_key, ipv4_key, map_names, program_names,
 };
 
-use crate::pins::{Hook, PinError, PinLayout, remove_file_if_exists};
+use crate::{
+    nlbatch::BpfFilter,
+    pins::{Hook, PinError, PinLayout, remove_file_if_exists},
+};
 
 /// The eBPF object built by `build.rs` from `ebpf/`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rivet"));
@@ -431,6 +438,30 @@ impl Datapath {
             AttachMode::Tcx => self.attach(program, ifname, hook),
             AttachMode::Tc => self.attach_tc(program, ifname, hook),
         }
+    }
+
+    /// The tc filter (see [`Self::attach_tc`]) that attaches `program` at
+    /// `hook`, for a netlink batch; the program's fd stays open as long as
+    /// this datapath.
+    pub fn tc_filter(
+        &mut self,
+        program: &str,
+        hook: Hook,
+    ) -> Result<BpfFilter<'static>, DatapathError> {
+        let prog = self.program_mut(program)?;
+        let fd = prog.fd().map_err(prog_err(program))?.as_fd().as_raw_fd();
+        let prog_name = PROGRAMS
+            .iter()
+            .copied()
+            .find(|p| *p == program)
+            .ok_or_else(|| prog_err(program)(ProgramError::UnexpectedProgramType))?;
+        Ok(BpfFilter {
+            ingress: hook == Hook::Ingress,
+            priority: TC_PRIORITY,
+            handle: u32::from(TC_HANDLE),
+            prog_fd: fd,
+            prog_name,
+        })
     }
 
     /// Attaches through a `clsact` qdisc and a direct-action `cls_bpf`

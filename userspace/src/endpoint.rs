@@ -18,7 +18,7 @@
 //! it) and the record, and succeeds when any of them is already gone.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
     path::{Path, PathBuf},
 };
@@ -36,6 +36,7 @@ use crate::{
     ipam::{Ipam, IpamError, RangeSet},
     netlink::{LinkInfo, Netlink, NetlinkError, format_mac, parse_mac},
     netns::{self, NetnsError},
+    nlbatch::{Batch, LOOPBACK_IFINDEX, SyncNetlink},
     pins::Hook,
     store::{RecordDir, StoreError},
 };
@@ -155,6 +156,12 @@ pub struct Endpoints {
     store: RecordDir,
     by_ref: BTreeMap<(String, String), Endpoint>,
     ipam: Ipam,
+    /// Blocking netlink in the agent's namespace, for the batched steps of
+    /// ADD (used under the state lock only).
+    sync_nl: SyncNetlink,
+    /// Bumped by every change to records, veths or drains: a link dump taken
+    /// at the same generation is still true (see [`Endpoints::reconcile`]).
+    generation: u64,
     /// Addresses seen live on the node that are not pods of ours (node
     /// addresses, host routes through other devices): never handed out.
     foreign: HashSet<Ipv4Addr>,
@@ -269,30 +276,37 @@ where
     .map_err(|e| EndpointError::Other(format!("netns worker: {e}")))??
 }
 
-/// Configures the pod end; returns its MAC.
-async fn configure_pod_side(
-    nl: Netlink,
-    ifname: String,
+/// Configures the pod end from a thread inside the pod's namespace: IPv6
+/// off, then one netlink batch (lo up, address, link up, gateway route,
+/// default route, extra routes). Returns the MAC the pod end has.
+fn configure_pod_side(
+    ifname: &str,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
-    routes: Vec<Ipv4Net>,
+    routes: &[Ipv4Net],
 ) -> Result<[u8; 6], EndpointError> {
-    if let Some(lo) = nl.link_by_name("lo").await? {
-        nl.set_up(lo.index, "lo").await?;
-    }
+    let mut timeline = Timeline::start();
+    let mut nl = SyncNetlink::open()
+        .map_err(|e| EndpointError::Other(format!("netlink socket in the pod netns: {e}")))?;
     let link = nl
-        .link_by_name(&ifname)
-        .await?
+        .link_by_name(ifname)?
         .ok_or_else(|| EndpointError::Other(format!("{ifname} vanished from the pod netns")))?;
-    disable_ipv6(&ifname);
-    nl.add_address(link.index, &ifname, ip, 32).await?;
-    nl.set_up(link.index, &ifname).await?;
-    nl.add_link_route(gateway, 32, link.index, &ifname).await?;
-    nl.add_default_route(gateway, link.index, &ifname).await?;
+    timeline.mark("lookup");
+    disable_ipv6(ifname);
+    timeline.mark("sysctls");
+    let mut batch = Batch::new();
+    batch
+        .set_up(LOOPBACK_IFINDEX, "lo")
+        .add_address(link.index, ifname, ip, 32)
+        .set_up(link.index, ifname)
+        .add_link_route(gateway, 32, link.index, ifname)
+        .add_route_via(Ipv4Addr::UNSPECIFIED, 0, gateway, link.index, ifname);
     for r in routes {
-        nl.add_route_via(r.network(), r.prefix_len(), gateway, link.index, &ifname)
-            .await?;
+        batch.add_route_via(r.network(), r.prefix_len(), gateway, link.index, ifname);
     }
+    nl.run(batch)?;
+    timeline.mark("batch");
+    tracing::debug!(timing = %timeline, "pod side steps");
     Ok(link.mac)
 }
 
@@ -435,7 +449,7 @@ fn mappings_clash(a: &PortMapping, b: &PortMapping) -> bool {
 
 impl Endpoints {
     /// Loads the records from `state_dir/endpoints`.
-    pub fn open(settings: EndpointSettings, state_dir: &Path) -> Result<Self, StoreError> {
+    pub fn open(settings: EndpointSettings, state_dir: &Path) -> Result<Self, EndpointError> {
         let store = RecordDir::open(state_dir.join("endpoints"))?;
         let (records, bad) = store.load_all::<Endpoint>()?;
         for path in bad {
@@ -446,19 +460,18 @@ impl Endpoints {
             .map(|(_, ep)| ((ep.container_id.clone(), ep.ifname.clone()), ep))
             .collect();
         let ipam = Ipam::open(state_dir, settings.pod_cidr);
+        let sync_nl = SyncNetlink::open()
+            .map_err(|e| EndpointError::Other(format!("opening a netlink socket: {e}")))?;
         Ok(Self {
             settings,
             store,
             by_ref,
             ipam,
+            sync_nl,
+            generation: 0,
             foreign: HashSet::new(),
             draining: BTreeMap::new(),
         })
-    }
-
-    /// The record directory (for making a record durable outside the lock).
-    pub fn store(&self) -> &RecordDir {
-        &self.store
     }
 
     /// Node settings.
@@ -624,6 +637,7 @@ impl Endpoints {
         dp: &mut Datapath,
         local: &HashSet<Ipv4Addr>,
     ) -> Result<Endpoint, EndpointError> {
+        self.generation += 1;
         self.validate(&spec, local)?;
         let netns_path = PathBuf::from(&spec.netns);
         let netns_file = netns::open(&netns_path)?;
@@ -673,6 +687,47 @@ impl Endpoints {
         }
     }
 
+    /// Creates the veth, its pod end directly in the pod's namespace. A
+    /// host veth with our derived name but no ready record is a leftover of
+    /// a crash between veth creation and persisting: it is ours, deleted and
+    /// the creation retried. Otherwise `EEXIST` means the pod already has
+    /// an interface of that name, which is left alone.
+    async fn create_veth(
+        &mut self,
+        ep: &Endpoint,
+        netns_file: &std::fs::File,
+        pod_mac: [u8; 6],
+        nl: &Netlink,
+    ) -> Result<(), EndpointError> {
+        let host = &ep.host_ifname;
+        for attempt in 0..2 {
+            match nl
+                .create_veth(host, &ep.ifname, netns_file, ep.mtu, pod_mac)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if !e.is_exists() => return Err(e.into()),
+                Err(_) => {}
+            }
+            match self.sync_nl.link_by_name(host)? {
+                Some(stale) if attempt == 0 => {
+                    tracing::warn!(host, "removing leftover veth without a record");
+                    match nl.delete_link(stale.index, host).await {
+                        Ok(()) => {}
+                        Err(e) if e.errno() == Some(libc::ENODEV) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    self.draining.retain(|_, d| d.host != *host);
+                }
+                _ => break,
+            }
+        }
+        Err(EndpointError::Conflict(format!(
+            "interface {} already exists in netns {}",
+            ep.ifname, ep.netns
+        )))
+    }
+
     async fn plumb(
         &mut self,
         mut ep: Endpoint,
@@ -683,74 +738,38 @@ impl Endpoints {
     ) -> Result<Endpoint, EndpointError> {
         let host = ep.host_ifname.clone();
         let mut timeline = Timeline::start();
-        // The lease: recorded before anything is plumbed. A crash of the
-        // agent keeps it (page cache); a crash of the machine takes the veth
-        // and the pod with it, so no fsync is needed until it is ready.
-        self.store.save_volatile(&host, &ep)?;
+        // The lease: recorded (on the blocking pool, while the veth is being
+        // created) before the ADD can succeed. A crash of the agent keeps it
+        // (page cache); a crash of the machine takes the veth and the pod
+        // with it, so it is never fsync'ed. A crash before it is written
+        // leaves at most a veth no record owns, which reconciliation deletes.
         rollback.record = Some(host.clone());
         self.by_ref
             .insert((ep.container_id.clone(), ep.ifname.clone()), ep.clone());
-        self.step("after_reserve", &mut timeline)?;
-
-        // A host veth with our derived name but no ready record is a leftover
-        // of a crash between veth creation and persisting: it is ours.
-        if let Some(stale) = nl.link_by_name(&host).await? {
-            tracing::warn!(host, "removing leftover veth without a record");
-            match nl.delete_link(stale.index, &host).await {
-                Ok(()) => {}
-                Err(e) if e.errno() == Some(libc::ENODEV) => {}
-                Err(e) => return Err(e.into()),
-            }
-            self.draining.retain(|_, d| d.host != host);
-        }
+        let pending = {
+            let (store, key, record) = (self.store.clone(), host.clone(), ep.clone());
+            tokio::task::spawn_blocking(move || store.save_volatile(&key, &record))
+        };
         let pod_mac = pod_mac_for(ep.ip);
-        if let Err(e) = nl
-            .create_veth(&host, &ep.ifname, &netns_file, ep.mtu, pod_mac)
-            .await
-        {
-            if e.is_exists() {
-                return Err(EndpointError::Conflict(format!(
-                    "interface {} already exists in netns {}",
-                    ep.ifname, ep.netns
-                )));
-            }
-            return Err(e.into());
+        let created = match self.create_veth(&ep, &netns_file, pod_mac, nl).await {
+            Ok(()) => self
+                .sync_nl
+                .link_by_name(&host)
+                .map_err(EndpointError::from),
+            Err(e) => Err(e),
+        };
+        if let Ok(Some(link)) = &created {
+            rollback.veth = Some((link.index, host.clone()));
         }
-        drop(netns_file);
-        let host_link: LinkInfo = nl
-            .link_by_name(&host)
-            .await?
+        pending
+            .await
+            .map_err(|e| EndpointError::Other(format!("record writer: {e}")))??;
+        self.step("after_reserve", &mut timeline)?;
+        let host_link: LinkInfo = created?
             .ok_or_else(|| EndpointError::Other(format!("veth {host} vanished after creation")))?;
-        rollback.veth = Some((host_link.index, host.clone()));
         self.step("after_veth", &mut timeline)?;
 
-        // The pod side (inside the pod netns, on its own thread) and the host
-        // side run concurrently: the pod's MAC was chosen at creation.
-        let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
-        let routes = parse_routes(&ep.routes)?;
-        let pod_side = in_netns(PathBuf::from(&ep.netns), move |nl| {
-            configure_pod_side(nl, ifname, ip, gateway, routes)
-        });
-        let host_side = async {
-            disable_ipv6(&host);
-            nl.set_up(host_link.index, &host).await?;
-            nl.add_link_route(ep.ip, 32, host_link.index, &host).await?;
-            nl.add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac)
-                .await?;
-            Ok::<(), EndpointError>(())
-        };
-        let (seen_mac, ()) = tokio::try_join!(pod_side, host_side)?;
-        if seen_mac != pod_mac {
-            return Err(EndpointError::Other(format!(
-                "{} in the pod has MAC {} instead of {}",
-                ep.ifname,
-                format_mac(&seen_mac),
-                format_mac(&pod_mac)
-            )));
-        }
-        self.step("after_pod_side", &mut timeline)?;
-        self.step("after_host_side", &mut timeline)?;
-
+        // The map entry before the program: `from_pod` must find it.
         dp.put_endpoint(
             ep.ip,
             EndpointInfo {
@@ -762,23 +781,73 @@ impl Endpoints {
         )?;
         rollback.map_ip = Some(ep.ip);
         self.step("after_map", &mut timeline)?;
-        dp.attach_with(
-            self.settings.attach,
-            program_names::FROM_POD,
-            &host,
-            Hook::Ingress,
-        )?;
-        rollback.link = Some(host.clone());
+
+        // The host side and the pod side run concurrently, each one netlink
+        // batch. In tc mode the program is attached in the host side's.
+        let routes = parse_routes(&ep.routes)?;
+        disable_ipv6(&host);
+        let mut batch = Batch::new();
+        batch
+            .set_up(host_link.index, &host)
+            .add_link_route(ep.ip, 32, host_link.index, &host)
+            .add_permanent_neighbour(host_link.index, &host, ep.ip, pod_mac);
+        let tc_mode = self.settings.attach == AttachMode::Tc;
+        if tc_mode {
+            let filter = dp.tc_filter(program_names::FROM_POD, Hook::Ingress)?;
+            batch.add_clsact(host_link.index, &host).replace_bpf_filter(
+                host_link.index,
+                &host,
+                &filter,
+            );
+            rollback.link = Some(host.clone());
+        }
+        // The pod side runs on a fresh thread inside the pod's namespace
+        // while this thread does the host side. (Measured alternatives: both
+        // on this thread in turn, or the pod side on a long-lived worker
+        // that switches namespaces, were no faster: the two sides contend
+        // for RTNL anyway.)
+        let (ifname, ip, gateway) = (ep.ifname.clone(), ep.ip, ep.gateway);
+        let pod_side = tokio::task::spawn_blocking(move || {
+            netns::run_in_file(&netns_file, Path::new("the pod netns"), || {
+                configure_pod_side(&ifname, ip, gateway, &routes)
+            })
+        });
+        let host_side = self.sync_nl.run(batch);
+        let seen_mac = pod_side
+            .await
+            .map_err(|e| EndpointError::Other(format!("pod netns worker: {e}")))???;
+        host_side?;
+        if seen_mac != pod_mac {
+            return Err(EndpointError::Other(format!(
+                "{} in the pod has MAC {} instead of {}",
+                ep.ifname,
+                format_mac(&seen_mac),
+                format_mac(&pod_mac)
+            )));
+        }
+        self.step("after_pod_side", &mut timeline)?;
+        self.step("after_host_side", &mut timeline)?;
+
+        if !tc_mode {
+            dp.attach_with(
+                self.settings.attach,
+                program_names::FROM_POD,
+                &host,
+                Hook::Ingress,
+            )?;
+            rollback.link = Some(host.clone());
+        }
         self.step("after_attach", &mut timeline)?;
 
         ep.mac = format_mac(&pod_mac);
         ep.host_ifindex = host_link.index;
         ep.host_mac = format_mac(&host_link.mac);
         ep.state = EndpointState::Ready;
-        // Written now, made durable by the caller (`RecordDir::sync`) once
-        // the state lock is released, so that fsyncs of concurrent ADDs do
-        // not serialize behind each other.
-        self.store.save_volatile(&host, &ep)?;
+        // Like the pending record, not fsync'ed: it must survive a crash of
+        // the agent (page cache), and a crash of the machine ends the veth
+        // and the pod it describes (start-up reconciliation then releases
+        // it, and a record garbled by the crash is ignored).
+        self.store.rewrite_volatile(&host, &ep)?;
         timeline.mark("ready_record");
         tracing::debug!(host = %host, timing = %timeline, "endpoint add steps");
         self.by_ref
@@ -812,6 +881,7 @@ impl Endpoints {
         nl: &Netlink,
         dp: &mut Datapath,
     ) -> Result<(bool, Option<Drain>), EndpointError> {
+        self.generation += 1;
         let host = host_ifname(&r.container_id, &r.ifname);
         let record = self
             .by_ref
@@ -870,6 +940,7 @@ impl Endpoints {
 
     /// The veth of `d` is gone: its address may be handed out again.
     pub fn drained(&mut self, d: &Drain) {
+        self.generation += 1;
         if self.draining.get(&d.ip) == Some(d) {
             self.draining.remove(&d.ip);
         }
@@ -984,6 +1055,7 @@ impl Endpoints {
         nl: &Netlink,
         dp: &mut Datapath,
     ) -> Result<Vec<EndpointRef>, EndpointError> {
+        self.generation += 1;
         let keep: HashSet<(String, String)> = valid
             .iter()
             .map(|r| (r.container_id.clone(), r.ifname.clone()))
@@ -1032,20 +1104,43 @@ impl Endpoints {
     /// - addresses seen live on the node are remembered as taken.
     ///
     /// `keep_links` names interfaces whose pins are not endpoints (uplink).
+    /// See the `generation` field.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The host veths (ifindex) whose tc attachment a periodic
+    /// reconciliation should probe; empty in TCX mode (pins tell).
+    pub fn tc_probe_targets(&self) -> Vec<u32> {
+        if self.settings.attach != AttachMode::Tc {
+            return Vec::new();
+        }
+        self.by_ref
+            .values()
+            .filter(|e| e.state == EndpointState::Ready)
+            .map(|e| e.host_ifindex)
+            .collect()
+    }
+
     pub async fn reconcile(
         &mut self,
         nl: &Netlink,
         dp: &mut Datapath,
-        reattach: bool,
+        reattach: Reattach<'_>,
         keep_links: &[String],
         local: &HashSet<Ipv4Addr>,
+        prefetched: Option<(u64, Vec<LinkInfo>)>,
     ) -> Result<(), EndpointError> {
-        let links: BTreeMap<String, LinkInfo> = nl
-            .links()
-            .await?
-            .into_iter()
-            .map(|l| (l.name.clone(), l))
-            .collect();
+        let mut timeline = Timeline::start();
+        // A dump taken without the state lock is used only if nothing
+        // changed since (then it is exactly what a dump now would say).
+        let links = match prefetched {
+            Some((generation, links)) if generation == self.generation => links,
+            _ => nl.links().await?,
+        };
+        let links: BTreeMap<String, LinkInfo> =
+            links.into_iter().map(|l| (l.name.clone(), l)).collect();
+        timeline.mark("links");
 
         let records: Vec<Endpoint> = self.by_ref.values().cloned().collect();
         for ep in records {
@@ -1067,11 +1162,15 @@ impl Endpoints {
                 tracing::info!(ip = %ep.ip, "restoring endpoint map entry");
                 dp.put_endpoint(ep.ip, want)?;
             }
-            let present = match self.settings.attach {
-                AttachMode::Tcx => dp.layout().link(&ep.host_ifname, Hook::Ingress).exists(),
-                AttachMode::Tc => !nl.tc_bpf_prog_ids(ep.host_ifindex, true).await?.is_empty(),
+            let attach = match reattach {
+                Reattach::All => true,
+                Reattach::Missing(_) if self.settings.attach == AttachMode::Tcx => {
+                    !dp.layout().link(&ep.host_ifname, Hook::Ingress).exists()
+                }
+                // Not probed (added since): ADD attached it.
+                Reattach::Missing(probed) => probed.get(&ep.host_ifindex) == Some(&false),
             };
-            if reattach || !present {
+            if attach {
                 dp.attach_with(
                     self.settings.attach,
                     program_names::FROM_POD,
@@ -1081,6 +1180,7 @@ impl Endpoints {
             }
         }
 
+        timeline.mark("records");
         let known: HashSet<Ipv4Addr> = self.by_ref.values().map(|e| e.ip).collect();
         for (ip, _) in dp.list_endpoints()? {
             if !known.contains(&ip) {
@@ -1109,6 +1209,7 @@ impl Endpoints {
             .map(|e| e.host_ifname.as_str())
             .chain(self.draining.values().map(|d| d.host.as_str()))
             .collect();
+        timeline.mark("map_and_pins");
         let orphans: Vec<Drain> = links
             .values()
             .filter(|l| is_rivet_veth(&l.name) && !owned.contains(l.name.as_str()))
@@ -1133,8 +1234,22 @@ impl Endpoints {
             }
         }
         self.foreign = foreign;
+        timeline.mark("orphans_and_routes");
+        tracing::debug!(timing = %timeline, "endpoint reconciliation steps");
         Ok(())
     }
+}
+
+/// How reconciliation treats the programs on pod veths.
+#[derive(Debug, Clone, Copy)]
+pub enum Reattach<'a> {
+    /// Attach on every pod veth (start-up: the programs were just loaded).
+    All,
+    /// Attach where missing. In tc mode presence comes from a probe made
+    /// *without* the state lock ([`Endpoints::tc_probe_targets`], one
+    /// netlink dump per veth: ~0.3 ms each, which under the lock stalled
+    /// ADDs for 30 ms at 100 pods); veths not probed are left alone.
+    Missing(&'a HashMap<u32, bool>),
 }
 
 /// Names rivet gives host-side veths: `rv` + 13 lowercase hex digits.

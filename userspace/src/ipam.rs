@@ -259,14 +259,13 @@ impl Ipam {
     }
 
     fn persist(&self) {
-        // A hint only: atomic rename, no fsync.
-        let tmp = self.path.with_extension("json.tmp");
-        let ok = serde_json::to_vec(&self.last)
-            .ok()
-            .and_then(|b| std::fs::write(&tmp, b).ok())
-            .and_then(|()| std::fs::rename(&tmp, &self.path).ok());
-        if ok.is_none() {
-            tracing::debug!(path = %self.path.display(), "could not persist the round-robin position");
+        // A hint only (garbled or lost: the search starts at the beginning,
+        // and taken addresses are skipped anyway): rewritten in place.
+        let written = serde_json::to_vec(&self.last)
+            .map_err(|e| e.to_string())
+            .and_then(|b| crate::store::write_hint(&self.path, b).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "could not persist the round-robin position");
         }
     }
 }
@@ -285,7 +284,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rivet-ipam-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let _ = std::fs::remove_file(dir.join("ipam-last.json"));
-        Ipam::open(&dir, cidr())
+        let ipam = Ipam::open(&dir, cidr());
+        // These tests do not persist: the hint file fails to write, quietly.
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        ipam
     }
 
     fn range(subnet: &str, start: Option<&str>, end: Option<&str>, gw: Option<&str>) -> IpRange {

@@ -27,6 +27,7 @@ pub mod install;
 pub mod ipam;
 pub mod netlink;
 pub mod netns;
+pub mod nlbatch;
 pub mod node;
 pub mod pins;
 pub mod store;

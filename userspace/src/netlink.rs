@@ -7,6 +7,8 @@ use std::{
 };
 
 use futures_util::TryStreamExt as _;
+
+use crate::nlbatch;
 use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
     packet_route::{
@@ -107,7 +109,7 @@ fn ctx(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     move |source| NetlinkError { op, source }
 }
 
-fn link_info(msg: &LinkMessage) -> LinkInfo {
+pub(crate) fn link_info(msg: &LinkMessage) -> LinkInfo {
     let mut info = LinkInfo {
         index: msg.header.index,
         name: String::new(),
@@ -286,7 +288,7 @@ impl Netlink {
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
         self.handle
             .link()
-            .set(LinkUnspec::new_with_index(index).up().build())
+            .set(nlbatch::link_up(index))
             .execute()
             .await
             .map_err(ctx(format!("setting {name} up")))
@@ -425,14 +427,9 @@ impl Netlink {
         index: u32,
         name: &str,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst, prefix)
-            .output_interface(index)
-            .scope(RouteScope::Link)
-            .build();
         self.handle
             .route()
-            .add(msg)
+            .add(nlbatch::link_route(dst, prefix, index))
             .execute()
             .await
             .map_err(ctx(format!("adding route {dst}/{prefix} dev {name}")))
@@ -445,13 +442,9 @@ impl Netlink {
         index: u32,
         name: &str,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .gateway(gateway)
-            .output_interface(index)
-            .build();
         self.handle
             .route()
-            .add(msg)
+            .add(nlbatch::route_via(Ipv4Addr::UNSPECIFIED, 0, gateway, index))
             .execute()
             .await
             .map_err(ctx(format!(
@@ -468,14 +461,9 @@ impl Netlink {
         index: u32,
         name: &str,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst, prefix)
-            .gateway(gateway)
-            .output_interface(index)
-            .build();
         self.handle
             .route()
-            .add(msg)
+            .add(nlbatch::route_via(dst, prefix, gateway, index))
             .execute()
             .await
             .map_err(ctx(format!(
