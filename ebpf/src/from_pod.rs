@@ -9,17 +9,20 @@
 //! 6. Destination in a remote pod subnet → [`crate::remote`] (encap or
 //!    native route toward the owning node).
 //! 7. Destination is the node → pass to the host stack.
-//! 8. Anything else → pass (NAT comes later).
+//! 8. Destination outside the cluster (not in `NO_MASQ`, not a node) with
+//!    masquerade on → [`crate::nat::egress`]: source rewritten to the node,
+//!    sent out of the uplink.
+//! 9. Anything else → pass.
 
 use aya_ebpf::{EbpfContext as _, programs::TcContext};
-use rivet_common::Counter;
+use rivet_common::{Counter, endpoint_flags};
 
 use crate::{
     arp,
     headers::{
         ETH_HLEN, ETH_P_ARP, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr,
     },
-    ipv4, maps,
+    ipv4, maps, nat,
     packet::{addr, ensure_linear, ptr_at},
     remote::{self, Sender},
     verdict,
@@ -71,6 +74,20 @@ pub fn handle(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return verdict::drop(ctx, Counter::DropNotConfigured);
     };
+    let hdr = nat::Ip {
+        src: addr(&ip.src),
+        dst,
+        proto: ip.protocol,
+        hlen: usize::from(ip.version_ihl & 0x0f) * 4,
+        frag: u16::from_be_bytes(ip.frag_off),
+    };
+    // A pod with hostPorts may be answering a connection that came in
+    // through one: its source goes back to the node address and hostPort.
+    if src.flags & endpoint_flags::HOSTPORTS != 0
+        && let Some(v) = nat::hostport_reply(ctx, &cfg, &hdr, ip.ttl)
+    {
+        return v;
+    }
     if let Some(peer) = maps::endpoint(dst) {
         if ip.ttl <= 1 {
             // The stack forwards nothing here but answers with time-exceeded.
@@ -91,8 +108,35 @@ pub fn handle(ctx: &TcContext) -> i32 {
     if let Some(route) = maps::route(dst) {
         return remote::forward(ctx, &cfg, &route, Sender::Pod { ifindex, ep: src });
     }
-    if maps::is_local_addr(dst) {
+    if dst == cfg.node_ip || maps::is_local_addr(dst) {
+        // A sibling's hostPort, reached through the node's address.
+        if ip.ttl > 1 {
+            match nat::hostport_in(ctx, &hdr, Some(ifindex)) {
+                nat::Reply::Deliver(ep) => {
+                    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
+                        // SAFETY: bounds-checked; alignment 1; the
+                        // checksum helpers ran before this re-derivation.
+                        ipv4::decrease_ttl(unsafe { &mut *hdr });
+                    }
+                    return nat::to_pod(ctx, &ep, Counter::FwdDnat);
+                }
+                nat::Reply::Done(v) => return v,
+                nat::Reply::NotOurs => {}
+            }
+        }
         return verdict::pass(ctx, Counter::PassHost);
+    }
+    // Other nodes route pod addresses themselves: no masquerade toward them
+    // (their own traffic to a pod gets its reply unchanged).
+    if let Some(nat) = maps::nat_config()
+        && dst != cfg.node_ip
+        && !maps::no_masquerade(dst)
+        && maps::peer(dst).is_none()
+    {
+        if ip.ttl <= 1 {
+            return verdict::pass(ctx, Counter::PassTtl);
+        }
+        return nat::egress(ctx, &cfg, &nat, &hdr);
     }
     verdict::pass(ctx, Counter::PassOther)
 }

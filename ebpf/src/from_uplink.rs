@@ -7,9 +7,13 @@
 //!    destination). Anything wrong is dropped with its reason — the idle
 //!    kernel vxlan device bound to the port (for receive GRO) never sees a
 //!    packet.
-//! 2. Native routing: a packet from a remote pod subnet to a local pod is
+//! 2. TCP/UDP to a hostPort on one of the node's addresses: destination
+//!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]).
+//!    Replies to masqueraded flows (addressed to the node IP, matching
+//!    `NAT`): translated back and delivered to the pod ([`crate::nat`]).
+//! 3. Native routing: a packet from a remote pod subnet to a local pod is
 //!    delivered directly.
-//! 3. Everything else passes untouched: the node's own traffic never breaks.
+//! 4. Everything else passes untouched: the node's own traffic never breaks.
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
 use rivet_common::{Counter, EndpointInfo, IPIP_OVERHEAD, NodeConfig, VXLAN_OVERHEAD};
@@ -20,7 +24,7 @@ use crate::{
         ETH_HLEN, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr, UdpHdr,
         VXLAN_FLAG_VNI, VxlanEncap,
     },
-    ipv4, maps,
+    ipv4, maps, nat,
     packet::{addr, ensure_linear, ptr_at},
     verdict,
 };
@@ -56,12 +60,51 @@ pub fn handle(ctx: &TcContext) -> i32 {
     }
     let (src, dst) = (addr(&ip.src), addr(&ip.dst));
 
-    if dst == cfg.node_ip {
+    let to_node = dst == cfg.node_ip;
+    if to_node {
         if ip.protocol == IPPROTO_UDP && udp_dport(ctx, ip) == Some(cfg.vxlan_port as u16) {
             return vxlan_in(ctx, &cfg, ip, src);
         }
         if ip.protocol == IPPROTO_IPIP {
             return ipip_in(ctx, &cfg, ip, src);
+        }
+    }
+    if (to_node || maps::is_local_addr(dst))
+        && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
+    {
+        let hdr = nat::Ip {
+            src,
+            dst,
+            proto: ip.protocol,
+            hlen,
+            frag: u16::from_be_bytes(ip.frag_off),
+        };
+        match nat::hostport_in(ctx, &hdr, None) {
+            nat::Reply::Deliver(ep) => {
+                return deliver(ctx, &cfg, Target::Pod(ep), Counter::FwdDnat);
+            }
+            nat::Reply::Done(v) => return v,
+            nat::Reply::NotOurs => {}
+        }
+    }
+    if to_node {
+        if let Some(nat) = maps::nat_config()
+            && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
+        {
+            let hdr = nat::Ip {
+                src,
+                dst,
+                proto: ip.protocol,
+                hlen,
+                frag: u16::from_be_bytes(ip.frag_off),
+            };
+            match nat::reply(ctx, &cfg, &nat, &hdr) {
+                nat::Reply::Deliver(ep) => {
+                    return deliver(ctx, &cfg, Target::Pod(ep), Counter::RevSnat);
+                }
+                nat::Reply::Done(v) => return v,
+                nat::Reply::NotOurs => {}
+            }
         }
         if maps::route(src).is_some() && cfg.host_ifindex != 0 {
             // A remote pod talking to this node, routed natively.

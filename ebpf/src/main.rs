@@ -16,6 +16,7 @@
 //! | [`encap`] | adding and removing tunnel headers |
 //! | [`fib`] | next-hop lookup and transmit |
 //! | [`icmp`] | fragmentation-needed answers |
+//! | [`nat`] | masquerade on rivet's own connection tracking |
 #![no_std]
 #![no_main]
 
@@ -29,6 +30,7 @@ mod headers;
 mod icmp;
 mod ipv4;
 mod maps;
+mod nat;
 mod packet;
 mod remote;
 mod verdict;

@@ -3,11 +3,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use rivet_common::{
-    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, LOCAL_ADDRS_MAX, NodeConfig, PEERS_MAX,
-    PeerInfo, ROUTES_MAX, RouteInfo, StatsEntry,
+    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, HOSTPORTS_MAX, HostPortKey,
+    HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NodeConfig,
+    PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, StatsEntry, nat_config_flags,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -34,6 +35,54 @@ pub static CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
 /// Per-CPU packet/byte counters indexed by `rivet_common::Counter`.
 #[map]
 pub static STATS: PerCpuArray<StatsEntry> = PerCpuArray::with_max_entries(COUNTERS_MAX, 0);
+
+/// Masqueraded flows, both directions (LRU: a full table recycles the
+/// least recently used flows; the agent's GC expires idle ones first).
+#[map]
+pub static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::with_max_entries(NAT_MAX, 0);
+
+/// Masquerade settings at index 0.
+#[map]
+pub static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
+
+/// Destinations never masqueraded (the cluster CIDR and the configured list).
+#[map]
+pub static NO_MASQ: LpmTrie<u32, u32> = LpmTrie::with_max_entries(NO_MASQ_MAX, 0);
+
+/// hostPorts of the node's pods.
+#[map]
+pub static HOSTPORTS: HashMap<HostPortKey, HostPortTarget> =
+    HashMap::with_max_entries(HOSTPORTS_MAX, 0);
+
+/// The hostPort target for `port`/`proto` on the node address `addr` (a
+/// mapping for that address first, then one for every address).
+#[inline(always)]
+pub fn hostport(addr: u32, port: u16, proto: u8) -> Option<HostPortTarget> {
+    let key = |addr| HostPortKey {
+        addr,
+        port,
+        proto,
+        _pad: 0,
+    };
+    // SAFETY: entries are replaced whole by the agent (see `endpoint`).
+    unsafe { HOSTPORTS.get(key(addr)).or_else(|| HOSTPORTS.get(key(0))) }.copied()
+}
+
+/// The masquerade settings, if masquerading is on.
+#[inline(always)]
+pub fn nat_config() -> Option<NatConfig> {
+    let nat = *NAT_CONFIG.get(0)?;
+    if nat.flags & nat_config_flags::MASQUERADE == 0 || nat.port_min > nat.port_max {
+        return None;
+    }
+    Some(nat)
+}
+
+/// True if traffic to `addr` keeps the pod's source address.
+#[inline(always)]
+pub fn no_masquerade(addr: u32) -> bool {
+    NO_MASQ.get(Key::new(32, addr)).is_some()
+}
 
 /// The endpoint owning `addr`, if it is a local pod.
 #[inline(always)]

@@ -51,6 +51,9 @@ pub enum AgentError {
     /// Netlink socket problem.
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// Masquerade problem.
+    #[error(transparent)]
+    Nat(#[from] crate::nat::NatError),
     /// Endpoint reconciliation problem.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
@@ -104,6 +107,7 @@ pub struct Agent {
     pod_cidr: ipnet::Ipv4Net,
     node_ip: Option<Ipv4Addr>,
     store_state: std::sync::Mutex<String>,
+    nat_stats: std::sync::Mutex<crate::nat::NatStats>,
     _lock: PinLock,
 }
 
@@ -111,6 +115,7 @@ pub struct Agent {
 /// bad value leaves nothing half-made (no pins, no state).
 pub async fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
     pins::ensure_bpffs(&cfg.bpffs)?;
+    crate::nat::check_port_range(&cfg.nat)?;
     if let Some(uplink) = &cfg.uplink {
         let nl = Netlink::connect()?;
         if nl.link_by_name(uplink).await?.is_none() {
@@ -205,6 +210,9 @@ impl Agent {
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
         cluster.restore(&dp)?;
 
+        dp.write_nat_config(crate::nat::datapath_config(&cfg.nat))?;
+        dp.set_no_masquerade(&cfg.nat.no_masquerade)?;
+
         store::create_private_dir(&cfg.state_dir)?;
         let mut endpoints = Endpoints::open(
             EndpointSettings {
@@ -213,6 +221,13 @@ impl Agent {
                 mtu,
                 attach: cfg.pod_attach,
                 fail_at: cfg.fail_add_at.clone(),
+                reserved_ports: endpoint::ReservedPorts {
+                    nat: cfg
+                        .nat
+                        .masquerade
+                        .then_some((cfg.nat.port_min, cfg.nat.port_max)),
+                    vxlan_udp: cfg.vxlan_port,
+                },
             },
             &cfg.state_dir,
         )?;
@@ -250,6 +265,7 @@ impl Agent {
                 }
                 .to_owned(),
             ),
+            nat_stats: std::sync::Mutex::new(crate::nat::NatStats::default()),
             _lock: lock,
         })
     }
@@ -400,6 +416,7 @@ impl Agent {
                         "single-node"
                     }
                     .to_owned(),
+                    nat: self.nat_status(),
                 }))
             }
         }
@@ -450,6 +467,71 @@ impl Agent {
             "reconciled (state lock held)"
         );
         Ok(())
+    }
+
+    /// Masquerade settings and the NAT table's last collection.
+    pub fn nat_status(&self) -> rivet_api::NatStatus {
+        let stats = self
+            .nat_stats
+            .lock()
+            .map(|s| *s)
+            .unwrap_or_else(|e| *e.into_inner());
+        rivet_api::NatStatus {
+            masquerade: self.cfg.nat.masquerade,
+            port_min: self.cfg.nat.port_min,
+            port_max: self.cfg.nat.port_max,
+            ..stats
+        }
+    }
+
+    /// Runs the NAT table's garbage collector until the agent stops.
+    pub async fn collect_nat(self: Arc<Self>) {
+        let timeouts = crate::nat::Timeouts {
+            tcp: self.cfg.nat.tcp_timeout,
+            udp: self.cfg.nat.udp_timeout,
+        };
+        let pin =
+            crate::pins::PinLayout::new(self.cfg.pin_dir.clone()).map(rivet_common::map_names::NAT);
+        let mut collector = match crate::nat::Collector::open(&pin, timeouts) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "NAT collector not started");
+                return;
+            }
+        };
+        let mut tick = tokio::time::interval(Duration::from_secs(self.cfg.nat.gc_interval));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let (result, collector_back) = match tokio::task::spawn_blocking(move || {
+                let r = collector.collect(crate::nat::monotonic_ns());
+                (r, collector)
+            })
+            .await
+            {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::error!(error = %e, "NAT collector stopped");
+                    return;
+                }
+            };
+            collector = collector_back;
+            match result {
+                Ok(stats) => {
+                    if let Ok(mut s) = self.nat_stats.lock() {
+                        *s = stats;
+                    }
+                    if stats.max_entries > 0 && stats.entries * 10 > stats.max_entries * 9 {
+                        tracing::warn!(
+                            entries = stats.entries,
+                            max = stats.max_entries,
+                            "NAT table over 90% full"
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "NAT collection"),
+            }
+        }
     }
 
     /// Cluster store state, for status.

@@ -24,6 +24,33 @@ pub const DEFAULT_VNI: u32 = 1;
 pub const DEFAULT_VXLAN_PORT: u16 = 8472;
 /// Default etcd key prefix (flannel's is /coreos.com/network).
 pub const DEFAULT_ETCD_PREFIX: &str = "/rivet.io/network";
+/// Default source ports of masqueraded flows: above Linux's default
+/// `ip_local_port_range` (32768–60999), so the node's own connections
+/// never collide with them.
+pub const DEFAULT_NAT_PORT_RANGE: (u16, u16) = (61_000, 65_535);
+/// Destinations that are never masqueraded besides the cluster CIDR:
+/// link-local, multicast, limited broadcast.
+pub const ALWAYS_NO_MASQUERADE: [&str; 3] = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255/32"];
+
+/// Masquerade (SNAT) settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatSettings {
+    /// Masquerade pod traffic leaving the cluster (default on).
+    pub masquerade: bool,
+    /// First NAT source port.
+    pub port_min: u16,
+    /// Last NAT source port (inclusive).
+    pub port_max: u16,
+    /// Destinations kept un-masqueraded: the cluster CIDR, the
+    /// [`ALWAYS_NO_MASQUERADE`] ones and the configured list.
+    pub no_masquerade: Vec<Ipv4Net>,
+    /// Idle timeout of an established TCP flow, seconds.
+    pub tcp_timeout: u64,
+    /// Idle timeout of a UDP flow, seconds.
+    pub udp_timeout: u64,
+    /// Seconds between two garbage collections of the NAT table.
+    pub gc_interval: u64,
+}
 
 /// How traffic to pods on other nodes travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -161,6 +188,18 @@ pub struct FileConfig {
     pub etcd_prefix: Option<String>,
     /// Lifetime of the node's registration in etcd, seconds (kept alive).
     pub etcd_lease_ttl: Option<u64>,
+    /// Masquerade pod traffic leaving the cluster (default true).
+    pub masquerade: Option<bool>,
+    /// Source ports for masqueraded flows, `"first-last"`.
+    pub nat_port_range: Option<String>,
+    /// More destinations (CIDRs) that keep the pod's address.
+    pub no_masquerade: Option<Vec<String>>,
+    /// Idle timeout of established TCP flows through NAT, seconds.
+    pub nat_tcp_timeout: Option<u64>,
+    /// Idle timeout of UDP flows through NAT, seconds.
+    pub nat_udp_timeout: Option<u64>,
+    /// Seconds between NAT table garbage collections.
+    pub nat_gc_interval: Option<u64>,
 }
 
 impl FileConfig {
@@ -210,6 +249,12 @@ impl FileConfig {
             etcd_endpoints: other.etcd_endpoints.or(self.etcd_endpoints),
             etcd_prefix: other.etcd_prefix.or(self.etcd_prefix),
             etcd_lease_ttl: other.etcd_lease_ttl.or(self.etcd_lease_ttl),
+            masquerade: other.masquerade.or(self.masquerade),
+            nat_port_range: other.nat_port_range.or(self.nat_port_range),
+            no_masquerade: other.no_masquerade.or(self.no_masquerade),
+            nat_tcp_timeout: other.nat_tcp_timeout.or(self.nat_tcp_timeout),
+            nat_udp_timeout: other.nat_udp_timeout.or(self.nat_udp_timeout),
+            nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
         }
     }
 }
@@ -249,9 +294,59 @@ pub struct AgentConfig {
     pub vxlan_port: u16,
     /// etcd settings; `None` = single node (routes only through the API).
     pub etcd: Option<EtcdSettings>,
+    /// Masquerade settings.
+    pub nat: NatSettings,
     /// Test hook: make endpoint ADD fail at this step (from the environment
     /// variable `RIVET_FAIL_ADD_AT`; never set in production).
     pub fail_add_at: Option<String>,
+}
+
+fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings, ConfigError> {
+    let (port_min, port_max) = match &file.nat_port_range {
+        None => DEFAULT_NAT_PORT_RANGE,
+        Some(text) => {
+            let bad = || {
+                invalid(
+                    "nat_port_range",
+                    text,
+                    "use \"first-last\" with 1024 ≤ first ≤ last ≤ 65535",
+                )
+            };
+            let (a, b) = text.split_once('-').ok_or_else(bad)?;
+            let (a, b): (u16, u16) = (
+                a.trim().parse().map_err(|_| bad())?,
+                b.trim().parse().map_err(|_| bad())?,
+            );
+            if a < 1024 || a > b {
+                return Err(bad());
+            }
+            (a, b)
+        }
+    };
+    let mut no_masquerade = vec![cluster_cidr];
+    for text in ALWAYS_NO_MASQUERADE
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(file.no_masquerade.clone().unwrap_or_default())
+    {
+        let net: Ipv4Net = text
+            .parse()
+            .map_err(|_| invalid("no_masquerade", &text, "not an IPv4 CIDR"))?;
+        no_masquerade.push(net.trunc());
+    }
+    let seconds = |key: &'static str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
+        s @ 1..=604_800 => Ok(s),
+        s => Err(invalid(key, s, "must be 1..=604800 seconds")),
+    };
+    Ok(NatSettings {
+        masquerade: file.masquerade.unwrap_or(true),
+        port_min,
+        port_max,
+        no_masquerade,
+        tcp_timeout: seconds("nat_tcp_timeout", file.nat_tcp_timeout, 3600)?,
+        udp_timeout: seconds("nat_udp_timeout", file.nat_udp_timeout, 60)?,
+        gc_interval: seconds("nat_gc_interval", file.nat_gc_interval, 10)?,
+    })
 }
 
 fn invalid(key: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
@@ -290,6 +385,7 @@ fn absolute(key: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
 impl AgentConfig {
     /// Applies defaults and validates.
     pub fn resolve(file: FileConfig) -> Result<Self, ConfigError> {
+        let nat_keys = file.clone();
         let node_name = match file.node_name {
             Some(n) => n,
             None => nix::unistd::gethostname()
@@ -412,6 +508,7 @@ impl AgentConfig {
                 "must be a network address with prefix length ≤ 28",
             ));
         }
+        let nat = nat_settings(&nat_keys, cluster_cidr)?;
         let etcd = match file.etcd_endpoints {
             Some(eps) if !eps.is_empty() => {
                 for ep in &eps {
@@ -497,6 +594,7 @@ impl AgentConfig {
             vni,
             vxlan_port,
             etcd,
+            nat,
             fail_add_at,
         })
     }
@@ -524,6 +622,10 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/rivet/n1"));
         assert_eq!(c.socket, PathBuf::from("/run/rivet/rivetd.sock"));
         assert_eq!(c.netns, None);
+        assert!(c.nat.masquerade);
+        assert_eq!((c.nat.port_min, c.nat.port_max), DEFAULT_NAT_PORT_RANGE);
+        assert_eq!(c.nat.no_masquerade[0], c.cluster_cidr);
+        assert_eq!(c.nat.no_masquerade.len(), 1 + ALWAYS_NO_MASQUERADE.len());
     }
 
     #[test]
@@ -539,6 +641,11 @@ mod tests {
         for (toml, key) in [
             ("pod_cidr = \"10.244.1.1/24\"", "pod_cidr"),
             ("pod_cidr = \"banana\"", "pod_cidr"),
+            ("nat_port_range = \"100-200\"", "nat_port_range"),
+            ("nat_port_range = \"62000-61000\"", "nat_port_range"),
+            ("nat_port_range = \"61000\"", "nat_port_range"),
+            ("no_masquerade = [\"10.1.0.0/33\"]", "no_masquerade"),
+            ("nat_udp_timeout = 0", "nat_udp_timeout"),
             ("pod_cidr = \"10.0.0.0/31\"", "pod_cidr"),
             ("gateway = \"10.244.0.1\"", "gateway"),
             ("mtu = 100", "mtu"),

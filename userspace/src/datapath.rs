@@ -23,8 +23,9 @@ use aya::{
 };
 use ipnet::Ipv4Net;
 use rivet_common::{
-    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, NodeConfig, PeerInfo, RouteInfo, StatsEntry,
-    ipv4_from_key, ipv4_key, map_names, program_names,
+    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, NatConfig,
+    NatEntry, NatKey, NodeConfig, PeerInfo, RouteInfo, StatsEntry, ipv4_from_key, ipv4_key,
+    map_names, program_names,
 };
 
 use crate::{
@@ -107,7 +108,31 @@ pub enum DatapathError {
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 6] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 10] = [
+    (
+        map_names::HOSTPORTS,
+        MapType::Hash,
+        size_of::<HostPortKey>(),
+        size_of::<HostPortTarget>(),
+    ),
+    (
+        map_names::NAT,
+        MapType::LruHash,
+        size_of::<NatKey>(),
+        size_of::<NatEntry>(),
+    ),
+    (
+        map_names::NAT_CONFIG,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<NatConfig>(),
+    ),
+    (
+        map_names::NO_MASQ,
+        MapType::LpmTrie,
+        size_of::<u32>() + size_of::<u32>(),
+        size_of::<u32>(),
+    ),
     (
         map_names::ROUTES,
         MapType::LpmTrie,
@@ -607,6 +632,86 @@ impl Datapath {
         let mut array: Array<&mut MapData, NodeConfig> =
             Array::try_from(map).map_err(map_err(name))?;
         array.set(0, config, 0).map_err(map_err(name))
+    }
+
+    /// Writes the masquerade settings.
+    pub fn write_nat_config(&mut self, config: NatConfig) -> Result<(), DatapathError> {
+        let name = map_names::NAT_CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut array: Array<&mut MapData, NatConfig> =
+            Array::try_from(map).map_err(map_err(name))?;
+        array.set(0, config, 0).map_err(map_err(name))
+    }
+
+    /// Replaces the set of destinations that are never masqueraded.
+    pub fn set_no_masquerade(&mut self, nets: &[Ipv4Net]) -> Result<(), DatapathError> {
+        let name = map_names::NO_MASQ;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut trie: LpmTrie<&mut MapData, u32, u32> =
+            LpmTrie::try_from(map).map_err(map_err(name))?;
+        let wanted: Vec<Key<u32>> = nets
+            .iter()
+            .map(|n| Key::new(u32::from(n.prefix_len()), ipv4_key(n.network().octets())))
+            .collect();
+        let present: Vec<Key<u32>> = trie.keys().filter_map(Result::ok).collect();
+        let same =
+            |a: &Key<u32>, b: &Key<u32>| a.prefix_len() == b.prefix_len() && a.data() == b.data();
+        for key in present
+            .iter()
+            .filter(|k| !wanted.iter().any(|w| same(w, k)))
+        {
+            match trie.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(name)(e)),
+            }
+        }
+        for key in &wanted {
+            trie.insert(key, 1, 0).map_err(map_err(name))?;
+        }
+        Ok(())
+    }
+
+    fn hostports_mut(
+        &mut self,
+    ) -> Result<HashMap<&mut MapData, HostPortKey, HostPortTarget>, DatapathError> {
+        let name = map_names::HOSTPORTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// Inserts or replaces a hostPort.
+    pub fn put_hostport(
+        &mut self,
+        key: HostPortKey,
+        target: HostPortTarget,
+    ) -> Result<(), DatapathError> {
+        self.hostports_mut()?
+            .insert(key, target, 0)
+            .map_err(map_err(map_names::HOSTPORTS))
+    }
+
+    /// Removes a hostPort; false if there was none.
+    pub fn remove_hostport(&mut self, key: HostPortKey) -> Result<bool, DatapathError> {
+        match self.hostports_mut()?.remove(&key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(map_err(map_names::HOSTPORTS)(e)),
+        }
+    }
+
+    /// Every hostPort.
+    pub fn list_hostports(&mut self) -> Result<Vec<(HostPortKey, HostPortTarget)>, DatapathError> {
+        let map = self.hostports_mut()?;
+        Ok(map.iter().filter_map(Result::ok).collect())
     }
 
     /// Replaces the set of node-local addresses.

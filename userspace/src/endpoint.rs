@@ -26,9 +26,11 @@ use std::{
 use ipnet::Ipv4Net;
 use rivet_api::{
     ApiError, Endpoint, EndpointCheck, EndpointRef, EndpointSpec, EndpointState, ErrorKind,
-    PoolStatus, PortMapping,
+    PoolStatus, PortMapping, Protocol,
 };
-use rivet_common::{EndpointInfo, endpoint_flags, program_names};
+use rivet_common::{
+    EndpointInfo, HostPortKey, HostPortTarget, endpoint_flags, ipv4_key, program_names,
+};
 
 use crate::{
     config::validate_ifname,
@@ -148,6 +150,9 @@ pub struct EndpointSettings {
     pub attach: AttachMode,
     /// Test hook: fail ADD at this step (one of [`FAULT_STEPS`]).
     pub fail_at: Option<String>,
+    /// Ports no hostPort may use: the NAT source range (masquerade on) and
+    /// the VXLAN port (UDP).
+    pub reserved_ports: ReservedPorts,
 }
 
 /// The node's endpoints: records on disk mirrored in memory.
@@ -184,6 +189,66 @@ pub struct Drain {
     pub index: u32,
 }
 
+/// Ports hostPorts must not take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReservedPorts {
+    /// NAT source ports (inclusive), if masquerading.
+    pub nat: Option<(u16, u16)>,
+    /// The VXLAN UDP port.
+    pub vxlan_udp: u16,
+}
+
+/// The hostPort map entries of an endpoint (TCP and UDP mappings).
+pub fn hostport_entries(ep: &Endpoint) -> Vec<(HostPortKey, HostPortTarget)> {
+    ep.port_mappings
+        .iter()
+        .filter_map(|pm| {
+            let proto = match pm.protocol {
+                Protocol::Tcp => 6,
+                Protocol::Udp => 17,
+                Protocol::Sctp => return None,
+            };
+            let addr = pm
+                .host_ip
+                .filter(|ip| !ip.is_unspecified())
+                .map_or(0, |ip| ipv4_key(ip.octets()));
+            Some((
+                HostPortKey {
+                    addr,
+                    port: pm.host_port.to_be(),
+                    proto,
+                    _pad: 0,
+                },
+                HostPortTarget {
+                    pod_ip: ipv4_key(ep.ip.octets()),
+                    port: pm.container_port.to_be(),
+                    _pad: [0; 2],
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Removes an endpoint's hostPorts (those still pointing at it).
+fn remove_hostports(dp: &mut Datapath, ep: &Endpoint) -> Result<(), EndpointError> {
+    let present: HashMap<HostPortKey, HostPortTarget> = dp.list_hostports()?.into_iter().collect();
+    for (key, target) in hostport_entries(ep) {
+        if present.get(&key) == Some(&target) {
+            dp.remove_hostport(key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Flags of an endpoint's map entry.
+fn entry_flags(ep: &Endpoint) -> u32 {
+    if hostport_entries(ep).is_empty() {
+        endpoint_flags::READY
+    } else {
+        endpoint_flags::READY | endpoint_flags::HOSTPORTS
+    }
+}
+
 /// Steps to undo if ADD fails part-way.
 #[derive(Default)]
 struct Rollback {
@@ -191,10 +256,16 @@ struct Rollback {
     veth: Option<(u32, String)>,
     map_ip: Option<Ipv4Addr>,
     link: Option<String>,
+    hostports: Vec<HostPortKey>,
 }
 
 impl Rollback {
     async fn run(self, nl: &Netlink, dp: &mut Datapath, store: &RecordDir) {
+        for key in self.hostports {
+            if let Err(e) = dp.remove_hostport(key) {
+                tracing::warn!(error = %e, "rollback: removing a hostPort");
+            }
+        }
         if let Some(ifname) = self.link
             && let Err(e) = dp.detach(&ifname, Hook::Ingress)
         {
@@ -419,8 +490,29 @@ fn now_secs() -> u64 {
 fn validate_port_mappings(
     pms: &[PortMapping],
     local: &HashSet<Ipv4Addr>,
+    reserved: ReservedPorts,
 ) -> Result<(), EndpointError> {
     for pm in pms {
+        if pm.protocol == Protocol::Sctp {
+            return Err(EndpointError::BadRequest(format!(
+                "port mapping {}:{}/sctp: rivet's datapath translates TCP and UDP hostPorts only",
+                pm.host_port, pm.container_port
+            )));
+        }
+        if let Some((lo, hi)) = reserved.nat
+            && (lo..=hi).contains(&pm.host_port)
+        {
+            return Err(EndpointError::BadRequest(format!(
+                "hostPort {} is inside the NAT source port range {lo}-{hi}",
+                pm.host_port
+            )));
+        }
+        if pm.protocol == Protocol::Udp && pm.host_port == reserved.vxlan_udp {
+            return Err(EndpointError::BadRequest(format!(
+                "hostPort {}/udp is the VXLAN port",
+                pm.host_port
+            )));
+        }
         if pm.host_port == 0 || pm.container_port == 0 {
             return Err(EndpointError::BadRequest(format!(
                 "port mapping {}:{}/{:?}: ports must be 1..=65535",
@@ -560,7 +652,7 @@ impl Endpoints {
                 spec.container_id, spec.ifname
             )));
         }
-        validate_port_mappings(&spec.port_mappings, local)?;
+        validate_port_mappings(&spec.port_mappings, local, self.settings.reserved_ports)?;
         parse_routes(&spec.routes)?;
         for (i, a) in spec.port_mappings.iter().enumerate() {
             if spec.port_mappings[i + 1..]
@@ -774,7 +866,7 @@ impl Endpoints {
             ep.ip,
             EndpointInfo {
                 ifindex: host_link.index,
-                flags: endpoint_flags::READY,
+                flags: entry_flags(&ep),
                 mac: pod_mac,
                 host_mac: host_link.mac,
             },
@@ -838,6 +930,10 @@ impl Endpoints {
             rollback.link = Some(host.clone());
         }
         self.step("after_attach", &mut timeline)?;
+        for (key, target) in hostport_entries(&ep) {
+            dp.put_hostport(key, target)?;
+            rollback.hostports.push(key);
+        }
 
         ep.mac = format_mac(&pod_mac);
         ep.host_ifindex = host_link.index;
@@ -905,6 +1001,7 @@ impl Endpoints {
             if dp.endpoint(ep.ip)?.is_some_and(|info| ours(&info)) {
                 dp.remove_endpoint(ep.ip)?;
             }
+            remove_hostports(dp, ep)?;
         }
         existed |= dp.detach(&host, Hook::Ingress)?;
         let drain = match (&link, &record) {
@@ -1041,7 +1138,7 @@ impl Endpoints {
         };
         Ok(EndpointInfo {
             ifindex: ep.host_ifindex,
-            flags: endpoint_flags::READY,
+            flags: entry_flags(ep),
             mac,
             host_mac,
         })
@@ -1181,6 +1278,25 @@ impl Endpoints {
         }
 
         timeline.mark("records");
+        let wanted: HashMap<HostPortKey, HostPortTarget> = self
+            .by_ref
+            .values()
+            .filter(|e| e.state == EndpointState::Ready)
+            .flat_map(hostport_entries)
+            .collect();
+        let present: HashMap<HostPortKey, HostPortTarget> =
+            dp.list_hostports()?.into_iter().collect();
+        for (key, target) in &present {
+            if wanted.get(key) != Some(target) {
+                dp.remove_hostport(*key)?;
+            }
+        }
+        for (key, target) in &wanted {
+            if present.get(key) != Some(target) {
+                tracing::info!(port = u16::from_be(key.port), "restoring a hostPort");
+                dp.put_hostport(*key, *target)?;
+            }
+        }
         let known: HashSet<Ipv4Addr> = self.by_ref.values().map(|e| e.ip).collect();
         for (ip, _) in dp.list_endpoints()? {
             if !known.contains(&ip) {
@@ -1321,11 +1437,18 @@ mod tests {
     #[test]
     fn port_mapping_validation() {
         let local: HashSet<Ipv4Addr> = ["10.0.0.1".parse().expect("ip")].into();
-        assert!(validate_port_mappings(&[pm(80, Protocol::Tcp, Some("10.0.0.1"))], &local).is_ok());
-        assert!(validate_port_mappings(&[pm(80, Protocol::Tcp, Some("0.0.0.0"))], &local).is_ok());
-        assert!(
-            validate_port_mappings(&[pm(80, Protocol::Tcp, Some("10.0.0.9"))], &local).is_err()
-        );
-        assert!(validate_port_mappings(&[pm(0, Protocol::Tcp, None)], &local).is_err());
+        let reserved = ReservedPorts {
+            nat: Some((61_000, 65_535)),
+            vxlan_udp: 8472,
+        };
+        let check = |pm: PortMapping| validate_port_mappings(&[pm], &local, reserved);
+        assert!(check(pm(80, Protocol::Tcp, Some("10.0.0.1"))).is_ok());
+        assert!(check(pm(80, Protocol::Tcp, Some("0.0.0.0"))).is_ok());
+        assert!(check(pm(80, Protocol::Tcp, Some("10.0.0.9"))).is_err());
+        assert!(check(pm(0, Protocol::Tcp, None)).is_err());
+        assert!(check(pm(80, Protocol::Sctp, None)).is_err(), "sctp");
+        assert!(check(pm(62_000, Protocol::Tcp, None)).is_err(), "NAT range");
+        assert!(check(pm(8472, Protocol::Udp, None)).is_err(), "VXLAN port");
+        assert!(check(pm(8472, Protocol::Tcp, None)).is_ok());
     }
 }

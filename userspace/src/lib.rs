@@ -25,6 +25,7 @@ pub mod endpoint;
 pub mod etcd;
 pub mod install;
 pub mod ipam;
+pub mod nat;
 pub mod netlink;
 pub mod netns;
 pub mod nlbatch;

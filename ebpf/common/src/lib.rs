@@ -24,8 +24,29 @@ pub mod map_names {
     /// Other nodes (tunnel endpoints): [`crate::EndpointKey`] (node IP) → [`crate::PeerInfo`].
     pub const PEERS: &str = "PEERS";
 
+    /// Connection tracking of masqueraded flows (LRU): [`crate::NatKey`] → [`crate::NatEntry`],
+    /// one entry per direction.
+    pub const NAT: &str = "NAT";
+    /// Masquerade settings, one [`crate::NatConfig`] at index 0.
+    pub const NAT_CONFIG: &str = "NAT_CONFIG";
+    /// Destinations never masqueraded (LPM): `Key<u32>` → `u32` (unused).
+    pub const NO_MASQ: &str = "NO_MASQ";
+    /// hostPorts: [`crate::HostPortKey`] → [`crate::HostPortTarget`].
+    pub const HOSTPORTS: &str = "HOSTPORTS";
+
     /// Every map the agent pins.
-    pub const ALL: [&str; 6] = [ENDPOINTS, STATS, CONFIG, LOCAL_ADDRS, ROUTES, PEERS];
+    pub const ALL: [&str; 10] = [
+        ENDPOINTS,
+        STATS,
+        CONFIG,
+        LOCAL_ADDRS,
+        ROUTES,
+        PEERS,
+        NAT,
+        NAT_CONFIG,
+        NO_MASQ,
+        HOSTPORTS,
+    ];
 }
 
 /// Names of the programs in the object.
@@ -47,6 +68,17 @@ pub const LOCAL_ADDRS_MAX: u32 = 256;
 pub const ROUTES_MAX: u32 = 4096;
 /// Capacity of the peers map (other nodes).
 pub const PEERS_MAX: u32 = 4096;
+
+/// Default capacity of the NAT map (entries; a flow takes two). The agent
+/// may set another size at load (`nat_max_entries`).
+pub const NAT_MAX: u32 = 131_072;
+/// Capacity of the no-masquerade map.
+pub const NO_MASQ_MAX: u32 = 256;
+/// Capacity of the hostPort map.
+pub const HOSTPORTS_MAX: u32 = 16_384;
+/// Ports tried, one after the other from a random start, before a new
+/// flow is dropped for want of a source port.
+pub const NAT_PROBES: u32 = 32;
 
 /// Bytes VXLAN encapsulation adds: outer IPv4 + UDP + VXLAN + inner Ethernet.
 pub const VXLAN_OVERHEAD: u32 = 50;
@@ -113,6 +145,8 @@ pub struct EndpointInfo {
 pub mod endpoint_flags {
     /// The endpoint is fully plumbed and may receive traffic.
     pub const READY: u32 = 1;
+    /// The endpoint has hostPorts: its packets may be replies to translate.
+    pub const HOSTPORTS: u32 = 2;
 }
 
 /// Node-wide settings read by every program; one entry at index 0.
@@ -149,6 +183,114 @@ pub struct NodeConfig {
 pub mod config_flags {
     /// The agent has written this configuration (a zeroed entry means "not configured").
     pub const CONFIGURED: u32 = 1;
+}
+
+/// Key of the NAT map: a flow as the packet shows it. Addresses and ports
+/// in wire order. ICMP echo uses the identifier as the port of the side
+/// that chose it (`sport` going out, `dport` coming back) and 0 for the
+/// other.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NatKey {
+    /// Source address.
+    pub src: u32,
+    /// Destination address.
+    pub dst: u32,
+    /// Source port (wire order).
+    pub sport: u16,
+    /// Destination port (wire order).
+    pub dport: u16,
+    /// IP protocol (6, 17, 1).
+    pub proto: u8,
+    /// [`nat_dir`]: which way this entry translates.
+    pub dir: u8,
+    /// Reserved, zero.
+    pub _pad: [u8; 2],
+}
+
+/// Key of the hostPort map: a node address (0: every node address), a
+/// port and a protocol, as a packet addressed to the node shows them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostPortKey {
+    /// Node address (wire order), or 0 for any of the node's addresses.
+    pub addr: u32,
+    /// Port on the node (wire order).
+    pub port: u16,
+    /// IP protocol (6 or 17).
+    pub proto: u8,
+    /// Reserved, zero.
+    pub _pad: u8,
+}
+
+/// Where a hostPort leads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostPortTarget {
+    /// The pod's address (wire order).
+    pub pod_ip: u32,
+    /// The container port (wire order).
+    pub port: u16,
+    /// Reserved, zero.
+    pub _pad: [u8; 2],
+}
+
+/// Directions of [`NatKey::dir`].
+pub mod nat_dir {
+    /// The pod's own tuple: rewrite the source to (node IP, NAT port).
+    pub const EGRESS: u8 = 0;
+    /// The reply's tuple (remote → node IP, NAT port): rewrite the
+    /// destination back to the pod.
+    pub const REPLY: u8 = 1;
+    /// A hostPort connection's reply as the pod sends it (pod → client):
+    /// rewrite the source back to the node address and hostPort.
+    pub const DNAT: u8 = 2;
+}
+
+/// Value of the NAT map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    /// The address to write: the node IP (egress) or the pod IP (reply).
+    pub addr: u32,
+    /// The port to write (wire order): the NAT port or the pod's port.
+    pub port: u16,
+    /// [`nat_flags`] seen in this direction.
+    pub flags: u16,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the last packet, refreshed
+    /// at most once a second.
+    pub last_seen: u64,
+}
+
+/// Bits of [`NatEntry::flags`].
+pub mod nat_flags {
+    /// A TCP SYN went this way.
+    pub const SYN: u16 = 1;
+    /// A TCP FIN went this way.
+    pub const FIN: u16 = 2;
+    /// A TCP RST went this way.
+    pub const RST: u16 = 4;
+    /// A packet went this way after the flow was created (on the reply
+    /// entry: the flow was answered).
+    pub const SEEN: u16 = 8;
+}
+
+/// Masquerade settings; one entry at index 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatConfig {
+    /// [`nat_config_flags`] bits.
+    pub flags: u32,
+    /// First source port for masqueraded flows (host order).
+    pub port_min: u16,
+    /// Last source port (host order), inclusive.
+    pub port_max: u16,
+}
+
+/// Bits of [`NatConfig::flags`].
+pub mod nat_config_flags {
+    /// Masquerade pod traffic leaving the cluster.
+    pub const MASQUERADE: u32 = 1;
 }
 
 /// One counter: packets and bytes.
@@ -204,6 +346,17 @@ pub enum Counter {
     IcmpFragNeeded = 14,
     /// The node's own packet for a remote pod, passed (no route).
     HostPass = 15,
+    /// Pod traffic leaving the cluster, masqueraded to the node IP and sent.
+    FwdSnat = 16,
+    /// A reply to a masqueraded flow, translated back and delivered to the pod.
+    RevSnat = 17,
+    /// Addressed to the node in the NAT port range without NAT state
+    /// (expired or evicted flow, or the node's own socket): passed.
+    PassNatNoState = 18,
+    /// Addressed to a hostPort: destination rewritten to the pod, delivered.
+    FwdDnat = 19,
+    /// A pod's reply on a hostPort connection: source restored, sent.
+    RevDnat = 20,
 
     /// Frame shorter than its Ethernet/ARP/IPv4 headers.
     DropTruncated = 32,
@@ -237,6 +390,16 @@ pub enum Counter {
     DropEncapFailed = 46,
     /// Too big for the uplink and the ICMP answer could not be built.
     DropTooBig = 47,
+    /// Masquerade needed but every probed source port was taken.
+    DropNatNoPort = 48,
+    /// Masquerade needed but the packet cannot be translated (protocol
+    /// other than TCP/UDP/ICMP echo, or a fragment): never sent with the
+    /// pod's address.
+    DropNatUnsupported = 49,
+    /// The NAT map refused a new entry.
+    DropNatInsertFailed = 50,
+    /// Rewriting the packet for NAT failed.
+    DropNatRewrite = 51,
 }
 
 impl Counter {
@@ -244,7 +407,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 32] = [
+    pub const ALL: [Counter; 41] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -261,6 +424,11 @@ impl Counter {
         Counter::DeliverHost,
         Counter::IcmpFragNeeded,
         Counter::HostPass,
+        Counter::FwdSnat,
+        Counter::RevSnat,
+        Counter::PassNatNoState,
+        Counter::FwdDnat,
+        Counter::RevDnat,
         Counter::DropTruncated,
         Counter::DropBadIpHeader,
         Counter::DropSpoofedIp,
@@ -277,6 +445,10 @@ impl Counter {
         Counter::DropNoRoute,
         Counter::DropEncapFailed,
         Counter::DropTooBig,
+        Counter::DropNatNoPort,
+        Counter::DropNatUnsupported,
+        Counter::DropNatInsertFailed,
+        Counter::DropNatRewrite,
     ];
 
     /// Index in the stats map.
@@ -308,6 +480,11 @@ impl Counter {
             Counter::DeliverHost => "deliver_host",
             Counter::IcmpFragNeeded => "icmp_frag_needed",
             Counter::HostPass => "host_pass",
+            Counter::FwdSnat => "fwd_snat",
+            Counter::RevSnat => "rev_snat",
+            Counter::PassNatNoState => "pass_nat_no_state",
+            Counter::FwdDnat => "fwd_dnat",
+            Counter::RevDnat => "rev_dnat",
             Counter::DropTruncated => "drop_truncated",
             Counter::DropBadIpHeader => "drop_bad_ip_header",
             Counter::DropSpoofedIp => "drop_spoofed_ip",
@@ -324,6 +501,10 @@ impl Counter {
             Counter::DropNoRoute => "drop_no_route",
             Counter::DropEncapFailed => "drop_encap_failed",
             Counter::DropTooBig => "drop_too_big",
+            Counter::DropNatNoPort => "drop_nat_no_port",
+            Counter::DropNatUnsupported => "drop_nat_unsupported",
+            Counter::DropNatInsertFailed => "drop_nat_insert_failed",
+            Counter::DropNatRewrite => "drop_nat_rewrite",
         }
     }
 
@@ -358,6 +539,16 @@ mod pod {
     unsafe impl aya::Pod for super::RouteInfo {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::PeerInfo {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::NatKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::NatEntry {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::NatConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::HostPortKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::HostPortTarget {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -367,6 +558,11 @@ const _: () = assert!(core::mem::size_of::<NodeConfig>() == 10 * 4 + 12);
 const _: () = assert!(core::mem::size_of::<RouteInfo>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
 const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
+const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
+const _: () = assert!(core::mem::size_of::<NatEntry>() == 16);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<HostPortKey>() == 8);
+const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
 
 #[cfg(test)]
 mod tests {

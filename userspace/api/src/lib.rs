@@ -382,6 +382,30 @@ pub struct AgentStatus {
     pub nodes: usize,
     /// Cluster store state (`single-node`, `synced`, `connecting`, ...).
     pub store: String,
+    /// Masquerade settings and the NAT table's fill level.
+    #[serde(default)]
+    pub nat: NatStatus,
+}
+
+/// Masquerade settings and NAT table pressure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatStatus {
+    /// Masquerading pod traffic leaving the cluster.
+    pub masquerade: bool,
+    /// First NAT source port.
+    pub port_min: u16,
+    /// Last NAT source port.
+    pub port_max: u16,
+    /// Entries in the NAT map at the last collection (two per flow).
+    pub entries: u64,
+    /// Capacity of the NAT map.
+    pub max_entries: u64,
+    /// Entries expired by the collector since the agent started.
+    pub expired: u64,
+    /// Entries whose partner was gone (evicted by the full LRU table).
+    pub orphaned: u64,
+    /// Collections run.
+    pub collections: u64,
 }
 
 /// Address pool usage.

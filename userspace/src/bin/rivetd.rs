@@ -76,6 +76,24 @@ struct Cli {
     /// Registration lease TTL in seconds.
     #[arg(long)]
     etcd_lease_ttl: Option<u64>,
+    /// Masquerade pod traffic leaving the cluster (default true).
+    #[arg(long)]
+    masquerade: Option<bool>,
+    /// Source ports of masqueraded flows, "first-last" (default 61000-65535).
+    #[arg(long)]
+    nat_port_range: Option<String>,
+    /// More destinations that keep the pod's address, comma-separated CIDRs.
+    #[arg(long, value_delimiter = ',')]
+    no_masquerade: Option<Vec<String>>,
+    /// Idle timeout of established TCP flows through NAT, seconds.
+    #[arg(long)]
+    nat_tcp_timeout: Option<u64>,
+    /// Idle timeout of UDP flows through NAT, seconds.
+    #[arg(long)]
+    nat_udp_timeout: Option<u64>,
+    /// Seconds between NAT table garbage collections.
+    #[arg(long)]
+    nat_gc_interval: Option<u64>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -120,6 +138,12 @@ impl Cli {
             etcd_endpoints: self.etcd_endpoints.clone(),
             etcd_prefix: self.etcd_prefix.clone(),
             etcd_lease_ttl: self.etcd_lease_ttl,
+            masquerade: self.masquerade,
+            nat_port_range: self.nat_port_range.clone(),
+            no_masquerade: self.no_masquerade.clone(),
+            nat_tcp_timeout: self.nat_tcp_timeout,
+            nat_udp_timeout: self.nat_udp_timeout,
+            nat_gc_interval: self.nat_gc_interval,
         }))
     }
 }
@@ -223,6 +247,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     if let Some(cluster) = etcd {
         tokio::spawn(cluster.run(Arc::clone(&agent)));
     }
+    let nat_collector = tokio::spawn(Arc::clone(&agent).collect_nat());
     let listener = agent::bind(&socket)?;
     tracing::info!(socket = %socket.display(), "serving");
 
@@ -241,6 +266,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     };
     agent::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
     reconciler.abort();
+    nat_collector.abort();
     agent.quiesce().await;
     let _ = std::fs::remove_file(&socket);
     tracing::info!("stopped; the datapath stays attached through its pins");

@@ -1,0 +1,480 @@
+//! Masquerade (SNAT) on rivet's own connection tracking. Pod traffic that
+//! leaves the cluster gets the node's address and a source port from the
+//! NAT range; replies are translated back and delivered to the pod. Nothing
+//! here touches netfilter: the translated packet goes straight out of the
+//! uplink and replies straight into the pod, so `nf_conntrack` never sees
+//! these flows.
+//!
+//! Each flow has two entries in `NAT`: the pod's tuple (egress: write the
+//! node address and NAT port as source) and the reply's tuple (write the
+//! pod's address and port as destination). A new flow probes up to
+//! `NAT_PROBES` ports from a random start, claiming one with an
+//! insert-if-absent of its reply entry: two flows can never share a reply
+//! tuple. The agent expires idle entries.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    programs::TcContext,
+};
+use rivet_common::{
+    Counter, EndpointInfo, NAT_PROBES, NatConfig, NatEntry, NatKey, NodeConfig, nat_dir, nat_flags,
+};
+
+use crate::headers::EthHdr;
+
+use crate::{
+    fib,
+    headers::{ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr},
+    ipv4,
+    maps::{self, NAT},
+    packet::ptr_at,
+    verdict,
+};
+
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO_REQUEST: u8 = 8;
+/// Offsets of the IPv4 checksum, source and destination in the frame.
+const IP_CSUM: usize = ETH_HLEN + 10;
+const IP_SRC: usize = ETH_HLEN + 12;
+const IP_DST: usize = ETH_HLEN + 16;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+/// Refresh `last_seen` at most this often (ns): one write per second, not
+/// one per packet.
+const TOUCH_NS: u64 = 1_000_000_000;
+
+/// What an IPv4 packet's header says, read before anything is rewritten.
+#[derive(Clone, Copy)]
+pub struct Ip {
+    /// Source address (wire order).
+    pub src: u32,
+    /// Destination address (wire order).
+    pub dst: u32,
+    /// Protocol.
+    pub proto: u8,
+    /// Header length in bytes (20..=60, validated).
+    pub hlen: usize,
+    /// Flags and fragment offset, host order.
+    pub frag: u16,
+}
+
+/// The layer-4 facts NAT needs.
+#[derive(Clone, Copy)]
+struct L4 {
+    proto: u8,
+    /// Offset of the layer-4 header in the frame.
+    off: usize,
+    /// Ports in wire order (ICMP echo: the identifier on the side that
+    /// chose it, 0 on the other).
+    sport: u16,
+    dport: u16,
+    /// [`nat_flags`] of this packet (TCP).
+    flags: u16,
+}
+
+impl L4 {
+    const fn csum_off(&self) -> usize {
+        match self.proto {
+            IPPROTO_TCP => self.off + 16,
+            IPPROTO_UDP => self.off + 6,
+            _ => self.off + 2,
+        }
+    }
+
+    /// Offset of the port NAT rewrites: the source port going out, the
+    /// destination port coming back, the echo identifier either way.
+    const fn port_off(&self, reply: bool) -> usize {
+        match (self.proto, reply) {
+            (IPPROTO_ICMP, _) => self.off + 4,
+            (_, false) => self.off,
+            (_, true) => self.off + 2,
+        }
+    }
+}
+
+/// Reads the layer-4 header. `None`: NAT cannot handle this packet (a
+/// fragment, another protocol, an ICMP message other than echo).
+#[inline(always)]
+fn parse(ctx: &TcContext, ip: &Ip, reply: bool) -> Option<L4> {
+    if ip.frag & 0x3fff != 0 {
+        return None;
+    }
+    let off = ETH_HLEN + ip.hlen;
+    let mut l4 = L4 {
+        proto: ip.proto,
+        off,
+        sport: 0,
+        dport: 0,
+        flags: 0,
+    };
+    match ip.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let ports = ctx.load::<[u8; 4]>(off).ok()?;
+            l4.sport = u16::from_ne_bytes([ports[0], ports[1]]);
+            l4.dport = u16::from_ne_bytes([ports[2], ports[3]]);
+            if ip.proto == IPPROTO_TCP {
+                let f = ctx.load::<u8>(off + 13).ok()?;
+                l4.flags = (u16::from(f & TCP_SYN != 0) * nat_flags::SYN)
+                    | (u16::from(f & TCP_FIN != 0) * nat_flags::FIN)
+                    | (u16::from(f & TCP_RST != 0) * nat_flags::RST);
+            }
+        }
+        IPPROTO_ICMP => {
+            let icmp_type = ctx.load::<u8>(off).ok()?;
+            let id = u16::from_ne_bytes(ctx.load::<[u8; 2]>(off + 4).ok()?);
+            let want = if reply {
+                ICMP_ECHO_REPLY
+            } else {
+                ICMP_ECHO_REQUEST
+            };
+            if icmp_type != want {
+                return None;
+            }
+            if reply {
+                l4.dport = id;
+            } else {
+                l4.sport = id;
+            }
+        }
+        _ => return None,
+    }
+    Some(l4)
+}
+
+/// Records that a packet used `entry` now.
+#[inline(always)]
+fn touch(entry: *mut NatEntry, now: u64, flags: u16) {
+    // SAFETY: a map value pointer from a successful lookup, valid for the
+    // program run; concurrent writers on other CPUs only ever store whole
+    // timestamps and OR flags, so a lost update costs at most a second of
+    // idle time or one flag that the next packet sets again.
+    unsafe {
+        if now.wrapping_sub((*entry).last_seen) > TOUCH_NS {
+            (*entry).last_seen = now;
+        }
+        if (*entry).flags & flags != flags {
+            (*entry).flags |= flags;
+        }
+    }
+}
+
+/// Rewrites one address and one port with incremental checksum updates
+/// (RFC 1624, by the kernel's helpers: correct for CHECKSUM_PARTIAL too).
+#[inline(always)]
+fn rewrite(
+    ctx: &TcContext,
+    l4: &L4,
+    reply: bool,
+    (old_addr, new_addr): (u32, u32),
+    (old_port, new_port): (u16, u16),
+) -> Result<(), Counter> {
+    let fail = |_| Counter::DropNatRewrite;
+    let csum = l4.csum_off();
+    let (from_a, to_a) = (u64::from(old_addr), u64::from(new_addr));
+    let (from_p, to_p) = (u64::from(old_port), u64::from(new_port));
+    match l4.proto {
+        IPPROTO_TCP => {
+            ctx.l4_csum_replace(csum, from_a, to_a, u64::from(BPF_F_PSEUDO_HDR) | 4)
+                .map_err(fail)?;
+            ctx.l4_csum_replace(csum, from_p, to_p, 2).map_err(fail)?;
+        }
+        IPPROTO_UDP => {
+            // A zero UDP checksum means "none" and stays zero.
+            let mangled = u64::from(BPF_F_MARK_MANGLED_0);
+            ctx.l4_csum_replace(
+                csum,
+                from_a,
+                to_a,
+                mangled | u64::from(BPF_F_PSEUDO_HDR) | 4,
+            )
+            .map_err(fail)?;
+            ctx.l4_csum_replace(csum, from_p, to_p, mangled | 2)
+                .map_err(fail)?;
+        }
+        // ICMP has no pseudo-header: only the identifier counts.
+        _ => ctx.l4_csum_replace(csum, from_p, to_p, 2).map_err(fail)?,
+    }
+    ctx.store(l4.port_off(reply), &new_port, 0).map_err(fail)?;
+    ctx.l3_csum_replace(IP_CSUM, from_a, to_a, 4)
+        .map_err(fail)?;
+    let addr_off = if reply { IP_DST } else { IP_SRC };
+    ctx.store(addr_off, &new_addr, 0).map_err(fail)
+}
+
+/// Claims a NAT port for a new flow: its reply entry goes in first, only
+/// if that reply tuple is free, then its egress entry. Returns the port
+/// (wire order).
+#[inline(always)]
+fn allocate(
+    key: &NatKey,
+    node_ip: u32,
+    nat: &NatConfig,
+    now: u64,
+    flags: u16,
+) -> Result<u16, Counter> {
+    let (min, max) = (u32::from(nat.port_min), u32::from(nat.port_max));
+    // SAFETY: plain helper call.
+    let mut port = min + unsafe { bpf_get_prandom_u32() } % (max - min + 1);
+    let back = NatEntry {
+        addr: key.src,
+        port: key.sport,
+        flags: 0,
+        last_seen: now,
+    };
+    let mut rkey = NatKey {
+        src: key.dst,
+        dst: node_ip,
+        sport: key.dport,
+        dport: 0,
+        proto: key.proto,
+        dir: nat_dir::REPLY,
+        _pad: [0; 2],
+    };
+    for _ in 0..NAT_PROBES {
+        let wire = (port as u16).to_be();
+        rkey.dport = wire;
+        if NAT.insert(rkey, back, u64::from(BPF_NOEXIST)).is_ok() {
+            let out = NatEntry {
+                addr: node_ip,
+                port: wire,
+                flags,
+                last_seen: now,
+            };
+            if NAT.insert(key, out, u64::from(BPF_ANY)).is_err() {
+                let _ = NAT.remove(rkey);
+                return Err(Counter::DropNatInsertFailed);
+            }
+            return Ok(wire);
+        }
+        port = if port >= max { min } else { port + 1 };
+    }
+    Err(Counter::DropNatNoPort)
+}
+
+/// Masquerades a pod's packet leaving the cluster and sends it out of the
+/// uplink. The caller has validated the header and checked TTL > 1; a
+/// dropped packet leaves unchanged.
+#[inline(always)]
+pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i32 {
+    // ICMP other than an echo request (an echo reply, an error) answers
+    // traffic that reached the pod: it starts no flow of the pod's own.
+    if ip.proto == IPPROTO_ICMP
+        && ip.frag & 0x3fff == 0
+        && ctx
+            .load::<u8>(ETH_HLEN + ip.hlen)
+            .is_ok_and(|t| t != ICMP_ECHO_REQUEST)
+    {
+        return verdict::pass(ctx, Counter::PassOther);
+    }
+    let Some(l4) = parse(ctx, ip, false) else {
+        return verdict::drop(ctx, Counter::DropNatUnsupported);
+    };
+    let key = NatKey {
+        src: ip.src,
+        dst: ip.dst,
+        sport: l4.sport,
+        dport: l4.dport,
+        proto: ip.proto,
+        dir: nat_dir::EGRESS,
+        _pad: [0; 2],
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match NAT.get_ptr_mut(key) {
+        Some(entry) => {
+            touch(entry, now, l4.flags);
+            // SAFETY: as in `touch`; the port of an entry never changes.
+            unsafe { (*entry).port }
+        }
+        None => match allocate(&key, cfg.node_ip, nat, now, l4.flags) {
+            Ok(port) => port,
+            Err(reason) => return verdict::drop(ctx, reason),
+        },
+    };
+    // Routed like a router would: TTL − 1 (the caller checked it is > 1),
+    // only now that the packet is sure to leave.
+    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
+        // SAFETY: bounds-checked; alignment 1; no helper ran since.
+        ipv4::decrease_ttl(unsafe { &mut *hdr });
+    }
+    if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, cfg.node_ip), (l4.sport, port)) {
+        return verdict::drop(ctx, reason);
+    }
+    match fib::lookup(ctx, cfg.node_ip, ip.dst, cfg.uplink_ifindex) {
+        Some(hop) => verdict::transmit(ctx, &hop, Counter::FwdSnat),
+        None => verdict::drop(ctx, Counter::DropNoRoute),
+    }
+}
+
+/// What to do with a packet addressed to the node.
+pub enum Reply {
+    /// Not a masqueraded flow's: handle it as before.
+    NotOurs,
+    /// Translated back: deliver to this pod.
+    Deliver(EndpointInfo),
+    /// Decided here (the returned TC verdict).
+    Done(i32),
+}
+
+/// Translates a reply to a masqueraded flow back to the pod's tuple.
+#[inline(always)]
+pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Reply {
+    let Some(l4) = parse(ctx, ip, true) else {
+        return Reply::NotOurs;
+    };
+    let key = NatKey {
+        src: ip.src,
+        dst: cfg.node_ip,
+        sport: l4.sport,
+        dport: l4.dport,
+        proto: ip.proto,
+        dir: nat_dir::REPLY,
+        _pad: [0; 2],
+    };
+    let in_range = (nat.port_min..=nat.port_max).contains(&u16::from_be(l4.dport));
+    let Some(entry) = NAT.get_ptr_mut(key) else {
+        // TCP/UDP to the NAT range without state: a flow that expired or
+        // was evicted — or a socket of the node's own: the stack decides.
+        if in_range && ip.proto != IPPROTO_ICMP {
+            return Reply::Done(verdict::pass(ctx, Counter::PassNatNoState));
+        }
+        return Reply::NotOurs;
+    };
+    // SAFETY: plain helper call.
+    touch(
+        entry,
+        unsafe { bpf_ktime_get_ns() },
+        l4.flags | nat_flags::SEEN,
+    );
+    // SAFETY: as in `touch`; address and port of an entry never change.
+    let (pod_ip, pod_port) = unsafe { ((*entry).addr, (*entry).port) };
+    let Some(ep) = maps::endpoint(pod_ip) else {
+        return Reply::Done(verdict::pass(ctx, Counter::PassNatNoState));
+    };
+    let ep = *ep;
+    match rewrite(ctx, &l4, true, (cfg.node_ip, pod_ip), (l4.dport, pod_port)) {
+        Ok(()) => Reply::Deliver(ep),
+        Err(reason) => Reply::Done(verdict::drop(ctx, reason)),
+    }
+}
+
+/// A packet addressed to one of the node's addresses: if it hits a
+/// hostPort, the reply tuple is recorded and the destination rewritten to
+/// the pod, which is returned for delivery. `sender`: the host veth it came
+/// from, if from a pod — a pod reaching its own hostPort is not translated
+/// (it would receive a packet from its own address).
+#[inline(always)]
+pub fn hostport_in(ctx: &TcContext, ip: &Ip, sender: Option<u32>) -> Reply {
+    if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
+        return Reply::NotOurs;
+    }
+    let Some(l4) = parse(ctx, ip, true) else {
+        return Reply::NotOurs;
+    };
+    let Some(target) = maps::hostport(ip.dst, l4.dport, ip.proto) else {
+        return Reply::NotOurs;
+    };
+    let Some(ep) = maps::endpoint(target.pod_ip) else {
+        return Reply::NotOurs;
+    };
+    let ep = *ep;
+    if sender == Some(ep.ifindex) {
+        return Reply::NotOurs;
+    }
+    let key = NatKey {
+        src: target.pod_ip,
+        dst: ip.src,
+        sport: target.port,
+        dport: l4.sport,
+        proto: ip.proto,
+        dir: nat_dir::DNAT,
+        _pad: [0; 2],
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    match NAT.get_ptr_mut(key) {
+        Some(entry) => touch(entry, now, l4.flags),
+        None => {
+            let entry = NatEntry {
+                addr: ip.dst,
+                port: l4.dport,
+                flags: l4.flags,
+                last_seen: now,
+            };
+            if NAT.insert(key, entry, u64::from(BPF_ANY)).is_err() {
+                return Reply::Done(verdict::drop(ctx, Counter::DropNatInsertFailed));
+            }
+        }
+    }
+    match rewrite(
+        ctx,
+        &l4,
+        true,
+        (ip.dst, target.pod_ip),
+        (l4.dport, target.port),
+    ) {
+        Ok(()) => Reply::Deliver(ep),
+        Err(reason) => Reply::Done(verdict::drop(ctx, reason)),
+    }
+}
+
+/// A pod's packet that answers a hostPort connection: the source becomes
+/// the node address and hostPort the client used, then it goes to the
+/// client (a pod here, or out of the uplink). `None`: not such a reply.
+#[inline(always)]
+pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Option<i32> {
+    if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
+        return None;
+    }
+    let l4 = parse(ctx, ip, false)?;
+    let key = NatKey {
+        src: ip.src,
+        dst: ip.dst,
+        sport: l4.sport,
+        dport: l4.dport,
+        proto: ip.proto,
+        dir: nat_dir::DNAT,
+        _pad: [0; 2],
+    };
+    let entry = NAT.get_ptr_mut(key)?;
+    // SAFETY: plain helper call.
+    touch(
+        entry,
+        unsafe { bpf_ktime_get_ns() },
+        l4.flags | nat_flags::SEEN,
+    );
+    if ttl <= 1 {
+        return Some(verdict::pass(ctx, Counter::PassTtl));
+    }
+    // SAFETY: as in `touch`; address and port of an entry never change.
+    let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
+    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
+        // SAFETY: bounds-checked; alignment 1; no helper ran since.
+        ipv4::decrease_ttl(unsafe { &mut *hdr });
+    }
+    if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, addr), (l4.sport, port)) {
+        return Some(verdict::drop(ctx, reason));
+    }
+    if let Some(client) = maps::endpoint(ip.dst) {
+        return Some(to_pod(ctx, client, Counter::RevDnat));
+    }
+    Some(match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
+        Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
+        None => verdict::drop(ctx, Counter::DropNoRoute),
+    })
+}
+
+/// Hands an already routed (TTL done) packet to a local pod.
+#[inline(always)]
+pub fn to_pod(ctx: &TcContext, ep: &EndpointInfo, counter: Counter) -> i32 {
+    if let Some(eth) = ptr_at::<EthHdr>(ctx, 0) {
+        // SAFETY: bounds-checked; alignment 1.
+        unsafe {
+            (*eth).dst = ep.mac;
+            (*eth).src = ep.host_mac;
+        }
+    }
+    verdict::redirect_peer(ctx, ep.ifindex, counter)
+}

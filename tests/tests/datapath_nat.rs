@@ -1,0 +1,449 @@
+//! Per-packet tests of masquerade with BPF_PROG_TEST_RUN: a new flow gets
+//! the node's address and a port from the range (checksums verified by a
+//! full recompute), the next packet of the flow the same port, the reply is
+//! translated back to the pod, an exhausted range and untranslatable
+//! packets are dropped unchanged with their reason, the map holds exactly
+//! the flow's two entries.
+
+use std::net::Ipv4Addr;
+
+use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
+use rivet_common::{
+    Counter, NatConfig, NatEntry, NatKey, ipv4_key, nat_config_flags, nat_dir, program_names,
+};
+use rivet_tests::{
+    packet::{ETH_P_IP, Ipv4, checksum, eth, frame, ipv4_checksum_ok},
+    progtest::*,
+};
+
+/// The "internet" host: the permanent neighbour on the uplink.
+const OUTSIDE: Ipv4Addr = PEER_IP;
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+/// A TCP segment (20-byte header, no options) with a correct checksum.
+fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut seg = Vec::new();
+    seg.extend_from_slice(&sport.to_be_bytes());
+    seg.extend_from_slice(&dport.to_be_bytes());
+    seg.extend_from_slice(&1000u32.to_be_bytes());
+    seg.extend_from_slice(&0u32.to_be_bytes());
+    seg.extend_from_slice(&[5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    seg.extend_from_slice(payload);
+    let sum = checksum(&[pseudo(src, dst, 6, seg.len()), seg.clone()].concat());
+    seg[16..18].copy_from_slice(&sum.to_be_bytes());
+    seg
+}
+
+fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: usize) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(&[0, proto]);
+    p.extend_from_slice(&(len as u16).to_be_bytes());
+    p
+}
+
+/// True if the TCP/UDP checksum of the IPv4 packet at `off` verifies.
+fn l4_checksum_ok(frame: &[u8], off: usize) -> bool {
+    let ip = &frame[off..];
+    let hlen = usize::from(ip[0] & 0x0f) * 4;
+    let tot = usize::from(be16(&ip[2..4]));
+    let (src, dst) = (
+        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+    );
+    let seg = &ip[hlen..tot];
+    checksum(&[pseudo(src, dst, ip[9], seg.len()), seg.to_vec()].concat()) == 0
+}
+
+fn enable_nat(h: &mut Harness, port_min: u16, port_max: u16) {
+    let mut cfg: Array<&mut MapData, NatConfig> =
+        Array::try_from(h.ebpf.map_mut("NAT_CONFIG").expect("map")).expect("array");
+    cfg.set(
+        0,
+        NatConfig {
+            flags: nat_config_flags::MASQUERADE,
+            port_min,
+            port_max,
+        },
+        0,
+    )
+    .expect("nat config");
+    // The cluster (pod) CIDR stays un-masqueraded, as the agent sets it.
+    let mut no: LpmTrie<&mut MapData, u32, u32> =
+        LpmTrie::try_from(h.ebpf.map_mut("NO_MASQ").expect("map")).expect("lpm");
+    no.insert(&Key::new(16, ipv4_key([10, 9, 0, 0])), 1, 0)
+        .expect("no-masq");
+}
+
+fn nat_entries(h: &Harness) -> Vec<(NatKey, NatEntry)> {
+    let map: HashMap<&MapData, NatKey, NatEntry> =
+        HashMap::try_from(h.ebpf.map("NAT").expect("map")).expect("hash");
+    map.iter().filter_map(Result::ok).collect()
+}
+
+fn tcp_frame(h: &Harness, a: PodSide, sport: u16, flags: u8) -> Vec<u8> {
+    let ip = Ipv4 {
+        protocol: 6,
+        payload: tcp(a.ip, OUTSIDE, sport, 443, flags, b"hello"),
+        ..Ipv4::new(a.ip, OUTSIDE)
+    };
+    h.ip_frame(a, &ip)
+}
+
+#[test]
+fn new_flow_existing_flow_and_reply() {
+    with_harness(|h| {
+        enable_nat(h, 61_000, 61_099);
+        let a = h.a;
+        let syn = tcp_frame(h, a, 40_000, 0x02);
+        let out = h.expect(
+            program_names::FROM_POD,
+            &syn,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        // Toward the outside host's MAC, from the uplink, as the node.
+        assert_eq!(&out[0..6], &PEER_MAC);
+        assert_eq!(&out[6..12], &h.uplink.1);
+        assert_eq!(&out[26..30], &NODE_IP.octets(), "source = node IP");
+        assert_eq!(&out[30..34], &OUTSIDE.octets(), "destination unchanged");
+        assert_eq!(out[22], 63, "TTL − 1");
+        let port = be16(&out[34..36]);
+        assert!((61_000..=61_099).contains(&port), "NAT port {port}");
+        assert_eq!(be16(&out[36..38]), 443);
+        assert!(ipv4_checksum_ok(&out, 14), "IP checksum");
+        assert!(l4_checksum_ok(&out, 14), "TCP checksum");
+        assert_eq!(&out[54..], b"hello", "payload untouched");
+
+        let entries = nat_entries(h);
+        assert_eq!(entries.len(), 2, "one egress and one reply entry");
+        assert!(entries.iter().any(|(k, e)| k.dir == nat_dir::EGRESS
+            && k.src == ipv4_key(a.ip.octets())
+            && e.port == port.to_be()));
+
+        // The next packet of the flow: same port, no new entries.
+        let ack = tcp_frame(h, a, 40_000, 0x10);
+        let out2 = h.expect(
+            program_names::FROM_POD,
+            &ack,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        assert_eq!(be16(&out2[34..36]), port);
+        assert_eq!(nat_entries(h).len(), 2);
+
+        // The reply, at the uplink: back to the pod's address and port.
+        let reply_ip = Ipv4 {
+            protocol: 6,
+            payload: tcp(OUTSIDE, NODE_IP, 443, port, 0x12, b"world"),
+            ..Ipv4::new(OUTSIDE, NODE_IP)
+        };
+        let reply = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &reply_ip.bytes()]);
+        let back = h.expect(
+            program_names::FROM_UPLINK,
+            &reply,
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(&back[0..6], &a.mac, "to the pod's MAC");
+        assert_eq!(&back[6..12], &a.host_mac, "from its gateway");
+        assert_eq!(&back[30..34], &a.ip.octets(), "destination = pod");
+        assert_eq!(&back[26..30], &OUTSIDE.octets());
+        assert_eq!(be16(&back[36..38]), 40_000, "pod's port");
+        assert!(ipv4_checksum_ok(&back, 14));
+        assert!(l4_checksum_ok(&back, 14));
+        assert_eq!(&back[54..], b"world");
+
+        // A packet to the NAT range with no state is the node's business.
+        let stray_ip = Ipv4 {
+            protocol: 6,
+            payload: tcp(OUTSIDE, NODE_IP, 443, 61_050, 0x10, b""),
+            ..Ipv4::new(OUTSIDE, NODE_IP)
+        };
+        let stray = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &stray_ip.bytes()]);
+        let passed = h.expect(
+            program_names::FROM_UPLINK,
+            &stray,
+            h.uplink.0,
+            TC_ACT_OK,
+            Counter::PassNatNoState,
+        );
+        assert_eq!(passed, stray);
+        // Outside the range: not NAT's at all.
+        let other_ip = Ipv4 {
+            protocol: 6,
+            payload: tcp(OUTSIDE, NODE_IP, 443, 22, 0x02, b""),
+            ..Ipv4::new(OUTSIDE, NODE_IP)
+        };
+        let other = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &other_ip.bytes()]);
+        h.expect(
+            program_names::FROM_UPLINK,
+            &other,
+            h.uplink.0,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+    });
+}
+
+#[test]
+fn udp_and_icmp_echo_are_translated() {
+    with_harness(|h| {
+        enable_nat(h, 62_000, 62_000);
+        let a = h.a;
+        // UDP (Ipv4::new is a UDP datagram with a zero checksum: stays zero).
+        let udp = h.ip_frame(a, &Ipv4::new(a.ip, OUTSIDE));
+        let out = h.expect(
+            program_names::FROM_POD,
+            &udp,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        assert_eq!(&out[26..30], &NODE_IP.octets());
+        assert_eq!(be16(&out[34..36]), 62_000);
+        assert_eq!(be16(&out[40..42]), 0, "no UDP checksum stays none");
+        assert!(ipv4_checksum_ok(&out, 14));
+
+        // ICMP echo request: the identifier is the port.
+        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        icmp.extend_from_slice(b"ping");
+        let sum = checksum(&icmp);
+        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+        let echo = h.ip_frame(
+            a,
+            &Ipv4 {
+                protocol: 1,
+                payload: icmp,
+                ..Ipv4::new(a.ip, OUTSIDE)
+            },
+        );
+        let out = h.expect(
+            program_names::FROM_POD,
+            &echo,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        assert_eq!(be16(&out[38..40]), 62_000, "identifier translated");
+        assert_eq!(checksum(&out[34..]), 0, "ICMP checksum");
+        // The echo reply comes back with the translated identifier.
+        let mut rep = vec![0, 0, 0, 0, 0xf2, 0x30, 0, 1];
+        rep.extend_from_slice(b"ping");
+        let sum = checksum(&rep);
+        rep[2..4].copy_from_slice(&sum.to_be_bytes());
+        let reply = frame(&[
+            &eth(h.uplink.1, PEER_MAC, ETH_P_IP),
+            &Ipv4 {
+                protocol: 1,
+                payload: rep,
+                ..Ipv4::new(OUTSIDE, NODE_IP)
+            }
+            .bytes(),
+        ]);
+        let back = h.expect(
+            program_names::FROM_UPLINK,
+            &reply,
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(&back[30..34], &a.ip.octets());
+        assert_eq!(be16(&back[38..40]), 0x1234, "original identifier");
+        assert_eq!(checksum(&back[34..]), 0);
+    });
+}
+
+#[test]
+fn exhausted_range_and_untranslatable_packets_are_dropped() {
+    with_harness(|h| {
+        enable_nat(h, 61_000, 61_001);
+        let a = h.a;
+        for sport in [40_001, 40_002] {
+            h.expect(
+                program_names::FROM_POD,
+                &tcp_frame(h, a, sport, 0x02),
+                a.host_ifindex,
+                TC_ACT_REDIRECT,
+                Counter::FwdSnat,
+            );
+        }
+        // Two ports, both taken toward this destination: the third flow
+        // must not leave with the pod's address.
+        h.expect(
+            program_names::FROM_POD,
+            &tcp_frame(h, a, 40_003, 0x02),
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropNatNoPort,
+        );
+        // GRE cannot be translated.
+        let gre = h.ip_frame(
+            a,
+            &Ipv4 {
+                protocol: 47,
+                ..Ipv4::new(a.ip, OUTSIDE)
+            },
+        );
+        h.expect(
+            program_names::FROM_POD,
+            &gre,
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropNatUnsupported,
+        );
+        // Nor a fragment (MF set): its later pieces carry no ports.
+        let mut frag = tcp_frame(h, a, 40_004, 0x02);
+        frag[20] |= 0x20;
+        let fix = {
+            let mut hdr = frag[14..34].to_vec();
+            hdr[10] = 0;
+            hdr[11] = 0;
+            checksum(&hdr)
+        };
+        frag[24..26].copy_from_slice(&fix.to_be_bytes());
+        h.expect(
+            program_names::FROM_POD,
+            &frag,
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropNatUnsupported,
+        );
+        // An echo reply (someone pinged the pod) starts no NAT flow.
+        let mut rep = vec![0, 0, 0, 0, 0x12, 0x34, 0, 1];
+        let sum = checksum(&rep);
+        rep[2..4].copy_from_slice(&sum.to_be_bytes());
+        let echo_reply = h.ip_frame(
+            a,
+            &Ipv4 {
+                protocol: 1,
+                payload: rep,
+                ..Ipv4::new(a.ip, OUTSIDE)
+            },
+        );
+        let out = h.expect(
+            program_names::FROM_POD,
+            &echo_reply,
+            a.host_ifindex,
+            TC_ACT_OK,
+            Counter::PassOther,
+        );
+        assert_eq!(out, echo_reply);
+        // Inside the cluster CIDR: no masquerade (passes as before).
+        let inside = h.ip_frame(a, &Ipv4::new(a.ip, Ipv4Addr::new(10, 9, 7, 7)));
+        h.expect(
+            program_names::FROM_POD,
+            &inside,
+            a.host_ifindex,
+            TC_ACT_OK,
+            Counter::PassOther,
+        );
+    });
+}
+
+#[test]
+fn hostport_hit_miss_and_reply() {
+    use rivet_common::{EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, endpoint_flags};
+    with_harness(|h| {
+        let a = h.a;
+        {
+            let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
+                HashMap::try_from(h.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
+            eps.insert(
+                EndpointKey {
+                    addr: ipv4_key(a.ip.octets()),
+                },
+                EndpointInfo {
+                    ifindex: a.host_ifindex,
+                    flags: endpoint_flags::READY | endpoint_flags::HOSTPORTS,
+                    mac: a.mac,
+                    host_mac: a.host_mac,
+                },
+                0,
+            )
+            .expect("endpoint");
+            let mut hp: HashMap<&mut MapData, HostPortKey, HostPortTarget> =
+                HashMap::try_from(h.ebpf.map_mut("HOSTPORTS").expect("map")).expect("hash");
+            hp.insert(
+                HostPortKey {
+                    addr: 0,
+                    port: 8080u16.to_be(),
+                    proto: 6,
+                    _pad: 0,
+                },
+                HostPortTarget {
+                    pod_ip: ipv4_key(a.ip.octets()),
+                    port: 80u16.to_be(),
+                    _pad: [0; 2],
+                },
+                0,
+            )
+            .expect("hostport");
+        }
+        let inbound = |dst: Ipv4Addr, port: u16| {
+            let ip = Ipv4 {
+                protocol: 6,
+                payload: tcp(OUTSIDE, dst, 50_000, port, 0x02, b"req"),
+                ..Ipv4::new(OUTSIDE, dst)
+            };
+            frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+        };
+        // Hit: to the pod, client address kept.
+        let out = h.expect(
+            program_names::FROM_UPLINK,
+            &inbound(NODE_IP, 8080),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::FwdDnat,
+        );
+        assert_eq!(&out[0..6], &a.mac);
+        assert_eq!(&out[26..30], &OUTSIDE.octets(), "client address kept");
+        assert_eq!(&out[30..34], &a.ip.octets());
+        assert_eq!(be16(&out[36..38]), 80);
+        assert!(ipv4_checksum_ok(&out, 14));
+        assert!(l4_checksum_ok(&out, 14));
+        // Miss: another port, or an address that is not the node's.
+        h.expect(
+            program_names::FROM_UPLINK,
+            &inbound(NODE_IP, 8081),
+            h.uplink.0,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+        h.expect(
+            program_names::FROM_UPLINK,
+            &inbound(Ipv4Addr::new(192, 168, 9, 99), 8080),
+            h.uplink.0,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+        // The pod's answer leaves as the node's hostPort.
+        let answer = h.ip_frame(
+            a,
+            &Ipv4 {
+                protocol: 6,
+                payload: tcp(a.ip, OUTSIDE, 80, 50_000, 0x12, b"resp"),
+                ..Ipv4::new(a.ip, OUTSIDE)
+            },
+        );
+        let back = h.expect(
+            program_names::FROM_POD,
+            &answer,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::RevDnat,
+        );
+        assert_eq!(&back[26..30], &NODE_IP.octets());
+        assert_eq!(be16(&back[34..36]), 8080);
+        assert_eq!(&back[0..6], &PEER_MAC);
+        assert!(ipv4_checksum_ok(&back, 14));
+        assert!(l4_checksum_ok(&back, 14));
+    });
+}

@@ -1,0 +1,492 @@
+//! Masquerade (SNAT) with real packets: pods reach an "outside" host (on
+//! the underlay, outside the cluster CIDR) as the node, over TCP, UDP and
+//! ICMP echo, with BPF doing the translation on rivet's own NAT map — no
+//! iptables/nftables rule and no netfilter conntrack entry anywhere.
+
+use std::{
+    collections::HashSet,
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    time::Duration,
+};
+
+use rivet_api::{Request, Response};
+use rivet_tests::{
+    Netns, World,
+    traffic::{connect, listen, ping},
+};
+
+/// `nf_conntrack_count` of a namespace (None: conntrack not loaded).
+fn conntrack_count(ns: &Netns) -> Option<u64> {
+    let out = ns.output("cat", &["/proc/sys/net/netfilter/nf_conntrack_count"]);
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// No NAT rule of any firewall in `ns`.
+fn assert_no_nat_rules(ns: &Netns) {
+    let nft = ns.output("nft", &["list", "ruleset"]);
+    let rules = String::from_utf8_lossy(&nft.stdout);
+    assert!(
+        !rules.contains("nat"),
+        "nftables NAT rules in {}: {rules}",
+        ns.name()
+    );
+    for tool in ["iptables-legacy-save", "iptables-nft-save"] {
+        let out = ns.output(tool, &["-t", "nat"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.lines().any(|l| l.starts_with("-A")),
+            "{tool} NAT rules in {}: {text}",
+            ns.name()
+        );
+    }
+}
+
+fn nat_status(w: &World, n: usize) -> rivet_api::NatStatus {
+    match w.nodes[n].agent().client().call(&Request::Status {}) {
+        Ok(Response::Status(s)) => s.nat,
+        other => panic!("status: {other:?}"),
+    }
+}
+
+struct Setup {
+    w: World,
+    n: usize,
+    pods: Vec<usize>,
+    outside_ip: Ipv4Addr,
+}
+
+fn setup(pods: usize) -> Setup {
+    setup_with(pods, &[])
+}
+
+fn setup_with(pods: usize, args: &[&str]) -> Setup {
+    let mut w = World::new();
+    let n = w.add_node();
+    w.nodes[n].agent_args.extra_args = ["--nat-gc-interval", "1"]
+        .iter()
+        .chain(args)
+        .map(|a| (*a).to_owned())
+        .collect();
+    w.start_agent(n);
+    let pods = (0..pods).map(|_| w.add_pod(n)).collect();
+    w.add_outside();
+    let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    Setup {
+        w,
+        n,
+        pods,
+        outside_ip,
+    }
+}
+
+fn outside(s: &Setup) -> &Netns {
+    s.w.outside.as_ref().expect("outside host")
+}
+
+/// TCP, UDP and ping from a pod to the outside host: the host sees the
+/// node's address; replies come back to the pod; counters move; nothing of
+/// netfilter is involved.
+#[test]
+fn pod_traffic_leaving_the_cluster_is_masqueraded() {
+    let s = setup(1);
+    let (node, pod) = (&s.w.nodes[s.n], &s.w.pods[s.pods[0]]);
+    let conntrack_before = conntrack_count(&node.ns);
+    let before = node.counters();
+
+    // TCP: the server answers with the address it saw.
+    let listener = listen(outside(&s), 7000);
+    let server = std::thread::spawn(move || {
+        let (mut c, peer) = listener.accept().expect("accept");
+        c.write_all(peer.to_string().as_bytes()).expect("answer");
+        peer
+    });
+    let mut stream = connect(
+        &pod.ns,
+        SocketAddr::from((s.outside_ip, 7000)),
+        Duration::from_secs(5),
+    )
+    .expect("pod connects to the outside");
+    let mut seen = String::new();
+    stream.read_to_string(&mut seen).expect("answer");
+    let peer = server.join().expect("server");
+    assert_eq!(
+        peer.ip(),
+        std::net::IpAddr::V4(node.ip),
+        "TCP seen as {peer}"
+    );
+    assert_eq!(seen, peer.to_string());
+    assert!((61_000..=65_535).contains(&peer.port()), "NAT port {peer}");
+
+    // UDP: an echo that answers to the source it saw.
+    let out_sock = outside(&s)
+        .exec(|| UdpSocket::bind(("0.0.0.0", 7001)))
+        .expect("bind udp");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        out_sock
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let (n, from) = out_sock.recv_from(&mut buf).expect("udp in");
+        out_sock.send_to(&buf[..n], from).expect("udp out");
+        from
+    });
+    let pod_sock = pod
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("bind pod udp");
+    pod_sock
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    pod_sock
+        .send_to(b"hello", (s.outside_ip, 7001))
+        .expect("send");
+    let mut buf = [0u8; 64];
+    let (n, _) = pod_sock.recv_from(&mut buf).expect("udp answer");
+    assert_eq!(&buf[..n], b"hello");
+    let from = echo.join().expect("echo");
+    assert_eq!(
+        from.ip(),
+        std::net::IpAddr::V4(node.ip),
+        "UDP seen as {from}"
+    );
+
+    // ICMP echo.
+    let r = ping(&pod.ns, s.outside_ip, 3, 0.2);
+    assert_eq!(r.received, 3, "ping through NAT");
+
+    let after = node.counters();
+    let moved =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    assert!(moved("fwd_snat") >= 6, "fwd_snat {}", moved("fwd_snat"));
+    assert!(moved("rev_snat") >= 6, "rev_snat {}", moved("rev_snat"));
+    assert_eq!(moved("drop_nat_no_port") + moved("drop_nat_unsupported"), 0);
+    assert_eq!(
+        conntrack_count(&node.ns),
+        conntrack_before,
+        "nf_conntrack saw masqueraded flows"
+    );
+    assert_no_nat_rules(&node.ns);
+    assert_no_nat_rules(&s.w.underlay);
+}
+
+/// 500 concurrent connections from two pods: every one succeeds, all seen
+/// from the node's address on distinct NAT ports; the table holds two
+/// entries per flow and the status shows it.
+#[test]
+fn many_concurrent_connections_get_distinct_ports() {
+    const PER_POD: usize = 250;
+    let s = setup(2);
+    let listener = listen(outside(&s), 7100);
+    let server = std::thread::spawn(move || {
+        let mut peers = Vec::new();
+        let mut conns = Vec::new();
+        for _ in 0..2 * PER_POD {
+            let (c, peer) = listener.accept().expect("accept");
+            peers.push(peer);
+            conns.push(c);
+        }
+        (peers, conns)
+    });
+    let mut clients = Vec::new();
+    for &p in &s.pods {
+        for _ in 0..PER_POD {
+            clients.push(
+                connect(
+                    &s.w.pods[p].ns,
+                    SocketAddr::from((s.outside_ip, 7100)),
+                    Duration::from_secs(10),
+                )
+                .expect("connect through NAT"),
+            );
+        }
+    }
+    let (peers, _conns) = server.join().expect("server");
+    let node_ip = std::net::IpAddr::V4(s.w.nodes[s.n].ip);
+    assert!(peers.iter().all(|p| p.ip() == node_ip), "all from the node");
+    let ports: HashSet<u16> = peers.iter().map(SocketAddr::port).collect();
+    assert_eq!(ports.len(), 2 * PER_POD, "distinct NAT ports");
+    assert!(ports.iter().all(|p| (61_000..=65_535).contains(p)));
+
+    // The collector runs every second here: wait for a pass after the
+    // connections were made.
+    let first = nat_status(&s.w, s.n).collections;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let st = nat_status(&s.w, s.n);
+        if st.collections > first {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no NAT collection: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(status.masquerade);
+    assert!(
+        status.entries >= (4 * PER_POD) as u64,
+        "two entries per live flow: {status:?}"
+    );
+    assert_eq!(status.max_entries, u64::from(rivet_common::NAT_MAX));
+    drop(clients);
+}
+
+/// Idle flows are expired by the collector (UDP timeout 1 s here): both
+/// entries go, the status counts them, and the pod's next flow works.
+#[test]
+fn idle_flows_expire_and_new_ones_work() {
+    let s = setup_with(1, &["--nat-udp-timeout", "1"]);
+    let pod = &s.w.pods[s.pods[0]];
+    let udp_roundtrip = |port: u16| {
+        let out_sock = outside(&s)
+            .exec(move || UdpSocket::bind(("0.0.0.0", port)))
+            .expect("bind udp");
+        let echo = std::thread::spawn(move || {
+            let mut buf = [0u8; 16];
+            out_sock
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let (n, from) = out_sock.recv_from(&mut buf).expect("udp in");
+            out_sock.send_to(&buf[..n], from).expect("udp out");
+        });
+        let sock = pod
+            .ns
+            .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+            .expect("bind pod udp");
+        sock.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        sock.send_to(b"x", (s.outside_ip, port)).expect("send");
+        let mut buf = [0u8; 16];
+        sock.recv_from(&mut buf).expect("answer through NAT");
+        echo.join().expect("echo");
+    };
+    udp_roundtrip(7200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let st = loop {
+        let st = nat_status(&s.w, s.n);
+        if st.expired >= 2 && st.entries == 0 {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "not expired: {st:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(st.orphaned, 0, "{st:?}");
+    udp_roundtrip(7201);
+}
+
+/// A pod with hostPorts, added through the agent like `World::add_pod`.
+fn add_pod_with_ports(w: &mut World, n: usize, mappings: Vec<rivet_api::PortMapping>) -> usize {
+    let p = w.add_pod(n);
+    // Re-add the same pod with its mappings: DEL then ADD through the API.
+    let (name, ip, path) = (
+        w.pods[p].name.clone(),
+        w.pods[p].ip,
+        w.pods[p].ns.path().display().to_string(),
+    );
+    assert!(w.del_pod(p));
+    let mut spec = rivet_api::EndpointSpec::new(&name, path).with_ip(ip);
+    spec.port_mappings = mappings;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ep = loop {
+        match w.nodes[n]
+            .agent()
+            .client()
+            .call(&Request::EndpointAdd(spec.clone()))
+        {
+            Ok(Response::Endpoint(ep)) => break ep,
+            // The old veth may still be draining (its address stays taken).
+            other if std::time::Instant::now() < deadline => {
+                let _ = other;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("re-adding {name} with ports: {other:?}"),
+        }
+    };
+    w.pods[p].endpoint = ep;
+    p
+}
+
+fn mapping(host: u16, container: u16, protocol: rivet_api::Protocol) -> rivet_api::PortMapping {
+    rivet_api::PortMapping {
+        host_port: host,
+        container_port: container,
+        protocol,
+        host_ip: None,
+    }
+}
+
+/// A TCP server in `ns` on `port` that answers every connection with the
+/// peer address it saw; runs until the returned listener is dropped.
+fn peer_echo_server(ns: &Netns, port: u16) -> std::thread::JoinHandle<()> {
+    let listener = listen(ns, port);
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            let peer = c.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+            let _ = c.write_all(peer.as_bytes());
+        }
+    })
+}
+
+/// What a TCP client in `ns` gets from `dst`: the peer address the server
+/// saw, or the connect error.
+fn ask(ns: &Netns, dst: SocketAddr) -> Result<String, String> {
+    let mut s = connect(ns, dst, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    let mut seen = String::new();
+    s.read_to_string(&mut seen).map_err(|e| e.to_string())?;
+    Ok(seen)
+}
+
+/// hostPorts: from outside, from another node and from a sibling pod the
+/// pod is reached through the node's address, and sees the real client
+/// address; UDP too; another node's address on the same port is not
+/// intercepted; after DEL the port is gone.
+#[test]
+fn hostports_reach_the_pod_from_everywhere() {
+    use rivet_api::Protocol::{Tcp, Udp};
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, "vxlan");
+    let (n1, n2) = (nodes[0], nodes[1]);
+    let target = add_pod_with_ports(
+        &mut w,
+        n1,
+        vec![mapping(8080, 80, Tcp), mapping(5353, 53, Udp)],
+    );
+    let sibling = w.add_pod(n1);
+    w.add_outside();
+    let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    let (n1_ip, n2_ip) = (w.nodes[n1].ip, w.nodes[n2].ip);
+    let _server = peer_echo_server(&w.pods[target].ns, 80);
+    let udp = w.pods[target]
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 53)))
+        .expect("bind udp 53");
+    let _udp_echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = udp.recv_from(&mut buf) {
+            let mut answer = buf[..n].to_vec();
+            answer.extend_from_slice(from.to_string().as_bytes());
+            let _ = udp.send_to(&answer, from);
+        }
+    });
+    let hostport = SocketAddr::from((n1_ip, 8080));
+    let out = w.outside.as_ref().expect("outside");
+
+    let seen = ask(out, hostport).expect("outside → hostPort");
+    assert!(
+        seen.starts_with(&format!("{outside_ip}:")),
+        "outside seen as {seen}"
+    );
+    let seen = ask(&w.nodes[n2].ns, hostport).expect("node 2 → hostPort");
+    assert!(
+        seen.starts_with(&format!("{n2_ip}:")),
+        "node 2 seen as {seen}"
+    );
+    let sib_ip = w.pods[sibling].ip;
+    let seen = ask(&w.pods[sibling].ns, hostport).expect("sibling → hostPort");
+    assert!(
+        seen.starts_with(&format!("{sib_ip}:")),
+        "sibling seen as {seen}"
+    );
+
+    let sock = out.exec(|| UdpSocket::bind(("0.0.0.0", 0))).expect("udp");
+    sock.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    sock.send_to(b"q:", (n1_ip, 5353)).expect("send");
+    let mut buf = [0u8; 128];
+    let (n, from) = sock.recv_from(&mut buf).expect("UDP hostPort answer");
+    assert_eq!(
+        from,
+        SocketAddr::from((n1_ip, 5353)),
+        "answer from the hostPort"
+    );
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(text.starts_with(&format!("q:{outside_ip}:")), "{text}");
+
+    // Node 2 has no such mapping: its own stack answers (refused).
+    assert!(ask(out, SocketAddr::from((n2_ip, 8080))).is_err());
+    let counters = w.nodes[n1].counters();
+    assert!(
+        counters.get("fwd_dnat").copied().unwrap_or(0) >= 3,
+        "{counters:?}"
+    );
+    assert!(
+        counters.get("rev_dnat").copied().unwrap_or(0) >= 3,
+        "{counters:?}"
+    );
+
+    assert!(w.del_pod(target));
+    assert!(ask(out, hostport).is_err(), "hostPort gone after DEL");
+    assert_no_nat_rules(&w.nodes[n1].ns);
+}
+
+/// An echo server in `ns` on `port` (every connection on its own thread).
+fn echo_server(ns: &Netns, port: u16) {
+    let listener = listen(ns, port);
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 256];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn exchange(s: &mut std::net::TcpStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(what.as_bytes()).expect("write");
+    let mut buf = vec![0u8; what.len()];
+    s.read_exact(&mut buf)
+        .unwrap_or_else(|e| panic!("{what}: no echo: {e}"));
+    assert_eq!(buf, what.as_bytes());
+}
+
+/// Long-lived connections through masquerade and through a hostPort keep
+/// working across an agent restart (SIGTERM) and a crash (SIGKILL): the
+/// NAT table and the hostPort map are pinned, the programs swapped in place.
+#[test]
+fn nat_flows_survive_agent_restarts() {
+    let mut s = setup(0);
+    let target = add_pod_with_ports(
+        &mut s.w,
+        s.n,
+        vec![mapping(8080, 80, rivet_api::Protocol::Tcp)],
+    );
+    echo_server(outside(&s), 7300);
+    echo_server(&s.w.pods[target].ns, 80);
+    let mut snat = connect(
+        &s.w.pods[target].ns,
+        SocketAddr::from((s.outside_ip, 7300)),
+        Duration::from_secs(5),
+    )
+    .expect("pod → outside");
+    let mut dnat = connect(
+        outside(&s),
+        SocketAddr::from((s.w.nodes[s.n].ip, 8080)),
+        Duration::from_secs(5),
+    )
+    .expect("outside → hostPort");
+    exchange(&mut snat, "before/snat");
+    exchange(&mut dnat, "before/dnat");
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        s.w.nodes[s.n].agent_mut().stop_with(signal);
+        exchange(&mut snat, &format!("down {signal}/snat"));
+        exchange(&mut dnat, &format!("down {signal}/dnat"));
+        s.w.nodes[s.n].agent_mut().restart();
+        exchange(&mut snat, &format!("after {signal}/snat"));
+        exchange(&mut dnat, &format!("after {signal}/dnat"));
+    }
+}

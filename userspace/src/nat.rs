@@ -1,0 +1,317 @@
+//! Masquerade and hostPorts from userspace: the settings the datapath
+//! reads, the checks made at start, and the garbage collector of the NAT
+//! table (masqueraded flows: two entries each; hostPort connections: one).
+//!
+//! The datapath creates a flow's two entries (egress and reply) and keeps
+//! their `last_seen` and TCP flags fresh; the collector removes both when
+//! the flow has been idle longer than its timeout, and removes entries
+//! whose partner vanished (evicted by the LRU under pressure), counting
+//! them. It works on its own handle of the pinned map, without the agent's
+//! state lock.
+
+use std::{collections::HashMap as StdHashMap, net::Ipv4Addr, ops::RangeInclusive, path::Path};
+
+use aya::maps::{HashMap, MapData, MapError};
+use rivet_common::{
+    NatConfig, NatEntry, NatKey, ipv4_from_key, nat_config_flags, nat_dir, nat_flags,
+};
+
+use crate::config::NatSettings;
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+/// A TCP flow that never saw a reply.
+const TCP_SYN_TIMEOUT_S: u64 = 60;
+/// A TCP flow after RST, or FIN both ways.
+const TCP_CLOSING_TIMEOUT_S: u64 = 10;
+/// An ICMP echo flow.
+const ICMP_TIMEOUT_S: u64 = 30;
+/// Entries younger than this are never called orphans: the datapath writes
+/// a flow's two entries one after the other.
+const ORPHAN_GRACE_NS: u64 = 2_000_000_000;
+
+/// NAT errors.
+#[derive(Debug, thiserror::Error)]
+pub enum NatError {
+    /// The NAT port range overlaps the node's ephemeral ports.
+    #[error(
+        "nat_port_range {min}-{max} overlaps the node's ip_local_port_range {local_min}-{local_max}: \
+         the node's own connections could collide with masqueraded flows; choose ports outside it"
+    )]
+    Overlap {
+        /// Configured first port.
+        min: u16,
+        /// Configured last port.
+        max: u16,
+        /// Node's first ephemeral port.
+        local_min: u16,
+        /// Node's last ephemeral port.
+        local_max: u16,
+    },
+    /// The map could not be used.
+    #[error("NAT map {path}: {source}")]
+    Map {
+        /// Pin path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: MapError,
+    },
+}
+
+/// What the datapath reads.
+pub fn datapath_config(s: &NatSettings) -> NatConfig {
+    NatConfig {
+        flags: if s.masquerade {
+            nat_config_flags::MASQUERADE
+        } else {
+            0
+        },
+        port_min: s.port_min,
+        port_max: s.port_max,
+    }
+}
+
+/// Refuses a NAT port range that overlaps `ip_local_port_range` (read from
+/// the calling thread's namespace).
+pub fn check_port_range(s: &NatSettings) -> Result<(), NatError> {
+    if !s.masquerade {
+        return Ok(());
+    }
+    let Some(local) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| parse_range(&t))
+    else {
+        return Ok(());
+    };
+    let ours = s.port_min..=s.port_max;
+    if ours.start() <= local.end() && local.start() <= ours.end() {
+        return Err(NatError::Overlap {
+            min: s.port_min,
+            max: s.port_max,
+            local_min: *local.start(),
+            local_max: *local.end(),
+        });
+    }
+    Ok(())
+}
+
+fn parse_range(text: &str) -> Option<RangeInclusive<u16>> {
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    let (a, b) = (it.next()?.ok()?, it.next()?.ok()?);
+    Some(a..=b)
+}
+
+/// Timeouts applied by the collector.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Established TCP, seconds.
+    pub tcp: u64,
+    /// UDP, seconds.
+    pub udp: u64,
+}
+
+/// The table's state after a collection (settings filled in by the agent).
+pub type NatStats = rivet_api::NatStatus;
+
+/// The key of the reply entry that belongs to an egress entry.
+pub fn reply_key(k: &NatKey, e: &NatEntry) -> NatKey {
+    NatKey {
+        src: k.dst,
+        dst: e.addr,
+        sport: k.dport,
+        dport: e.port,
+        proto: k.proto,
+        dir: nat_dir::REPLY,
+        _pad: [0; 2],
+    }
+}
+
+/// How long a flow may stay idle.
+fn timeout_ns(proto: u8, flags: u16, replied: bool, t: Timeouts) -> u64 {
+    let secs = match proto {
+        TCP if flags & nat_flags::RST != 0 => TCP_CLOSING_TIMEOUT_S,
+        TCP if replied => t.tcp,
+        TCP => TCP_SYN_TIMEOUT_S,
+        UDP => t.udp,
+        _ => ICMP_TIMEOUT_S,
+    };
+    secs.saturating_mul(1_000_000_000)
+}
+
+/// `CLOCK_MONOTONIC` in ns, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
+/// The collector, with its own handle of the pinned `NAT` map.
+pub struct Collector {
+    map: HashMap<MapData, NatKey, NatEntry>,
+    path: String,
+    timeouts: Timeouts,
+    stats: NatStats,
+}
+
+impl Collector {
+    /// Opens the pinned map at `pin`.
+    pub fn open(pin: &Path, timeouts: Timeouts) -> Result<Self, NatError> {
+        let path = pin.display().to_string();
+        let err = |source| NatError::Map {
+            path: path.clone(),
+            source,
+        };
+        let data = MapData::from_pin(pin).map_err(err)?;
+        let max = data.info().map_err(err)?.max_entries();
+        let map = HashMap::try_from(aya::maps::Map::LruHashMap(data)).map_err(err)?;
+        Ok(Self {
+            map,
+            path,
+            timeouts,
+            stats: NatStats {
+                max_entries: u64::from(max),
+                ..NatStats::default()
+            },
+        })
+    }
+
+    /// The last collection's figures.
+    pub fn stats(&self) -> NatStats {
+        self.stats
+    }
+
+    /// Every entry (a snapshot).
+    pub fn entries(&self) -> Vec<(NatKey, NatEntry)> {
+        self.map.iter().filter_map(Result::ok).collect()
+    }
+
+    /// One collection at time `now` (monotonic ns).
+    pub fn collect(&mut self, now: u64) -> Result<NatStats, NatError> {
+        let all: StdHashMap<NatKey, NatEntry> = self.entries().into_iter().collect();
+        let mut doomed: Vec<NatKey> = Vec::new();
+        let (mut expired, mut orphaned) = (0u64, 0u64);
+        let young = |e: &NatEntry| now.saturating_sub(e.last_seen) < ORPHAN_GRACE_NS;
+        let mut partnered = std::collections::HashSet::new();
+        for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::EGRESS) {
+            let rk = reply_key(k, e);
+            let Some(r) = all.get(&rk) else {
+                if !young(e) {
+                    doomed.push(*k);
+                    orphaned += 1;
+                }
+                continue;
+            };
+            partnered.insert(rk);
+            let last = e.last_seen.max(r.last_seen);
+            let flags = e.flags | r.flags;
+            let both_fin = e.flags & r.flags & nat_flags::FIN != 0;
+            let replied = r.flags & nat_flags::SEEN != 0;
+            let limit = if both_fin && k.proto == TCP {
+                TCP_CLOSING_TIMEOUT_S * 1_000_000_000
+            } else {
+                timeout_ns(k.proto, flags, replied, self.timeouts)
+            };
+            if now.saturating_sub(last) > limit {
+                doomed.push(*k);
+                doomed.push(rk);
+                expired += 2;
+            }
+        }
+        // hostPort connections: one entry each, refreshed both ways.
+        for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::DNAT) {
+            let replied = e.flags & nat_flags::SEEN != 0;
+            if now.saturating_sub(e.last_seen)
+                > timeout_ns(k.proto, e.flags, replied, self.timeouts)
+            {
+                doomed.push(*k);
+                expired += 1;
+            }
+        }
+        for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::REPLY) {
+            if !partnered.contains(k) && !young(e) {
+                doomed.push(*k);
+                orphaned += 1;
+            }
+        }
+        for k in &doomed {
+            match self.map.remove(k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => {
+                    return Err(NatError::Map {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        self.stats.entries = (all.len() - doomed.len()) as u64;
+        self.stats.expired += expired;
+        self.stats.orphaned += orphaned;
+        self.stats.collections += 1;
+        Ok(self.stats)
+    }
+}
+
+/// A NAT entry for display: `proto src:sport -> dst:dport => addr:port`.
+pub fn describe(k: &NatKey, e: &NatEntry) -> String {
+    let ip = |a: u32| Ipv4Addr::from(ipv4_from_key(a));
+    let port = |p: u16| u16::from_be(p);
+    let dir = if k.dir == nat_dir::EGRESS {
+        "egress"
+    } else {
+        "reply"
+    };
+    format!(
+        "{dir} proto {} {}:{} -> {}:{} => {}:{}",
+        k.proto,
+        ip(k.src),
+        port(k.sport),
+        ip(k.dst),
+        port(k.dport),
+        ip(e.addr),
+        port(e.port)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_ranges_and_timeouts() {
+        assert_eq!(parse_range("32768\t60999\n"), Some(32768..=60999));
+        assert_eq!(parse_range("x"), None);
+        let t = Timeouts { tcp: 100, udp: 5 };
+        assert_eq!(timeout_ns(TCP, 0, false, t), 60_000_000_000);
+        assert_eq!(timeout_ns(TCP, 0, true, t), 100_000_000_000);
+        assert_eq!(timeout_ns(TCP, nat_flags::RST, true, t), 10_000_000_000);
+        assert_eq!(timeout_ns(UDP, 0, true, t), 5_000_000_000);
+        assert_eq!(timeout_ns(1, 0, true, t), 30_000_000_000);
+    }
+
+    #[test]
+    fn reply_key_mirrors_the_egress_entry() {
+        let k = NatKey {
+            src: 1,
+            dst: 2,
+            sport: 3,
+            dport: 4,
+            proto: TCP,
+            dir: nat_dir::EGRESS,
+            _pad: [0; 2],
+        };
+        let e = NatEntry {
+            addr: 9,
+            port: 61_000u16.to_be(),
+            flags: 0,
+            last_seen: 0,
+        };
+        let r = reply_key(&k, &e);
+        assert_eq!(
+            (r.src, r.dst, r.sport, r.dport),
+            (2, 9, 4, 61_000u16.to_be())
+        );
+        assert_eq!(r.dir, nat_dir::REPLY);
+    }
+}
