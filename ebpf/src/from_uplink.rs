@@ -98,7 +98,11 @@ pub fn handle(ctx: &TcContext) -> i32 {
                 hlen,
                 frag: u16::from_be_bytes(ip.frag_off),
             };
-            match nat::reply(ctx, &cfg, &nat, &hdr) {
+            let answer = match nat::icmp_error(ctx, &cfg, &hdr) {
+                nat::Reply::NotOurs => nat::reply(ctx, &cfg, &nat, &hdr),
+                other => other,
+            };
+            match answer {
                 nat::Reply::Deliver(ep) => {
                     return deliver(ctx, &cfg, Target::Pod(ep), Counter::RevSnat);
                 }

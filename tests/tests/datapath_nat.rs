@@ -212,6 +212,49 @@ fn udp_and_icmp_echo_are_translated() {
         assert_eq!(be16(&out[40..42]), 0, "no UDP checksum stays none");
         assert!(ipv4_checksum_ok(&out, 14));
 
+        // An ICMP port unreachable about that datagram, as the outside host
+        // sends it: it quotes what it received (node IP, NAT port).
+        let quoted_ip = Ipv4 {
+            payload: out[34..42].to_vec(),
+            ..Ipv4::new(NODE_IP, OUTSIDE)
+        };
+        let mut quoted = quoted_ip.bytes();
+        quoted[2..4].copy_from_slice(&((out.len() - 14) as u16).to_be_bytes());
+        quoted[10] = 0;
+        quoted[11] = 0;
+        let c = checksum(&quoted[..20]);
+        quoted[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut unreach = vec![3, 3, 0, 0, 0, 0, 0, 0];
+        unreach.extend_from_slice(&quoted);
+        let c = checksum(&unreach);
+        unreach[2..4].copy_from_slice(&c.to_be_bytes());
+        let error = frame(&[
+            &eth(h.uplink.1, PEER_MAC, ETH_P_IP),
+            &Ipv4 {
+                protocol: 1,
+                payload: unreach,
+                ..Ipv4::new(OUTSIDE, NODE_IP)
+            }
+            .bytes(),
+        ]);
+        let back = h.expect(
+            program_names::FROM_UPLINK,
+            &error,
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(&back[30..34], &a.ip.octets(), "outer destination = pod");
+        assert!(ipv4_checksum_ok(&back, 14));
+        assert_eq!(checksum(&back[34..]), 0, "ICMP checksum");
+        assert_eq!(
+            &back[42 + 12..42 + 16],
+            &a.ip.octets(),
+            "quoted source = pod"
+        );
+        assert!(ipv4_checksum_ok(&back, 42), "quoted header checksum");
+        assert_eq!(be16(&back[62..64]), 53, "quoted source port = the pod's");
+
         // ICMP echo request: the identifier is the port.
         let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
         icmp.extend_from_slice(b"ping");

@@ -151,6 +151,24 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded() {
         "UDP seen as {from}"
     );
 
+    // An ICMP error about a masqueraded flow reaches the pod: a UDP
+    // datagram to a closed port is refused.
+    let probe = pod
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("bind");
+    probe.connect((s.outside_ip, 7999)).expect("connect udp");
+    probe
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    probe.send(b"anyone?").expect("send");
+    let err = probe.recv(&mut buf).expect_err("nobody listens on 7999");
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "port unreachable translated back to the pod: {err}"
+    );
+
     // ICMP echo.
     let r = ping(&pod.ns, s.outside_ip, 3, 0.2);
     assert_eq!(r.received, 3, "ping through NAT");
