@@ -212,6 +212,7 @@ fn rivetctl_lists_endpoints_and_stats() {
         status.contains("from_pod") && status.contains("from_uplink"),
         "{status}"
     );
+    assert!(status.contains("masquerade: ports 61000-65535"), "{status}");
 }
 
 #[test]

@@ -328,6 +328,18 @@ fn print_table(response: &Response, show_all: bool) {
                 s.pool.size,
                 s.pool.free()
             );
+            let n = s.nat;
+            if n.masquerade {
+                println!(
+                    "masquerade: ports {}-{}  NAT table {} of {} entries  expired {}  evicted {}",
+                    n.port_min, n.port_max, n.entries, n.max_entries, n.expired, n.orphaned
+                );
+            } else {
+                println!(
+                    "masquerade: off  NAT table {} of {} entries",
+                    n.entries, n.max_entries
+                );
+            }
             println!("attachments:");
             for a in &s.attachments {
                 println!(
