@@ -68,6 +68,20 @@ pub fn hostport(addr: u32, port: u16, proto: u8) -> Option<HostPortTarget> {
     unsafe { HOSTPORTS.get(key(addr)).or_else(|| HOSTPORTS.get(key(0))) }.copied()
 }
 
+/// NAT table bookkeeping, indexed by `rivet_common::nat_stat`.
+#[map]
+pub static NAT_STATS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(rivet_common::nat_stat::SLOTS, 0);
+
+/// Counts `n` entries created in `NAT`.
+#[inline(always)]
+pub fn nat_created(n: u64) {
+    if let Some(slot) = NAT_STATS.get_ptr_mut(rivet_common::nat_stat::CREATED) {
+        // SAFETY: this CPU's slot of a map value; no concurrent writer on it.
+        unsafe { *slot += n };
+    }
+}
+
 /// The masquerade settings, if masquerading is on.
 #[inline(always)]
 pub fn nat_config() -> Option<NatConfig> {

@@ -508,3 +508,44 @@ fn nat_flows_survive_agent_restarts() {
         exchange(&mut dnat, &format!("after {signal}/dnat"));
     }
 }
+
+/// A NAT table too small for the load (64 entries, 60 flows): the LRU
+/// recycles the least recently used flows, the collector finds and counts
+/// the broken pairs, the table never exceeds its size, and new flows still
+/// work — a full table is visible, not silent, and not fatal.
+#[test]
+fn full_nat_table_is_counted_and_new_flows_still_work() {
+    let s = setup_with(1, &["--nat-max-entries", "64"]);
+    let pod = &s.w.pods[s.pods[0]];
+    echo_server(outside(&s), 7400);
+    let dst = SocketAddr::from((s.outside_ip, 7400));
+    let mut held = Vec::new();
+    for i in 0..60 {
+        let mut c = connect(&pod.ns, dst, Duration::from_secs(5)).expect("connect");
+        exchange(&mut c, &format!("flow {i}"));
+        held.push(c);
+    }
+    // Broken pairs are counted once older than the collector's 2 s grace.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let st = loop {
+        let st = nat_status(&s.w, s.n);
+        assert!(st.entries <= 64, "{st:?}");
+        if st.evicted > 0 {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "evictions not counted: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(st.max_entries, 64, "{st:?}");
+    let mut fresh = connect(&pod.ns, dst, Duration::from_secs(5)).expect("a new flow");
+    exchange(&mut fresh, "after the table filled up");
+    let log = s.w.nodes[s.n].agent().log();
+    assert!(
+        log.contains("NAT table over 90% full") || st.entries * 10 <= 64 * 9,
+        "{st:?}"
+    );
+    drop(held);
+}

@@ -132,7 +132,7 @@ pub fn prepare(cfg: &AgentConfig) -> Result<(PinLock, Datapath), AgentError> {
     let layout = PinLayout::new(&cfg.pin_dir);
     layout.create()?;
     let lock = layout.lock()?;
-    let dp = Datapath::load(&layout)?;
+    let dp = Datapath::load_with(&layout, cfg.nat.max_entries)?;
     Ok((lock, dp))
 }
 

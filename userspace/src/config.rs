@@ -50,6 +50,9 @@ pub struct NatSettings {
     pub udp_timeout: u64,
     /// Seconds between two garbage collections of the NAT table.
     pub gc_interval: u64,
+    /// Capacity of the NAT table (entries; a masqueraded flow takes two, a
+    /// hostPort connection one).
+    pub max_entries: u32,
 }
 
 /// How traffic to pods on other nodes travels.
@@ -200,6 +203,8 @@ pub struct FileConfig {
     pub nat_udp_timeout: Option<u64>,
     /// Seconds between NAT table garbage collections.
     pub nat_gc_interval: Option<u64>,
+    /// Capacity of the NAT table, entries.
+    pub nat_max_entries: Option<u32>,
 }
 
 impl FileConfig {
@@ -255,6 +260,7 @@ impl FileConfig {
             nat_tcp_timeout: other.nat_tcp_timeout.or(self.nat_tcp_timeout),
             nat_udp_timeout: other.nat_udp_timeout.or(self.nat_udp_timeout),
             nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
+            nat_max_entries: other.nat_max_entries.or(self.nat_max_entries),
         }
     }
 }
@@ -346,6 +352,10 @@ fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings,
         tcp_timeout: seconds("nat_tcp_timeout", file.nat_tcp_timeout, 3600)?,
         udp_timeout: seconds("nat_udp_timeout", file.nat_udp_timeout, 60)?,
         gc_interval: seconds("nat_gc_interval", file.nat_gc_interval, 10)?,
+        max_entries: match file.nat_max_entries.unwrap_or(rivet_common::NAT_MAX) {
+            n @ 16..=16_777_216 => n,
+            n => return Err(invalid("nat_max_entries", n, "must be 16..=16777216")),
+        },
     })
 }
 
@@ -646,6 +656,7 @@ mod tests {
             ("nat_port_range = \"61000\"", "nat_port_range"),
             ("no_masquerade = [\"10.1.0.0/33\"]", "no_masquerade"),
             ("nat_udp_timeout = 0", "nat_udp_timeout"),
+            ("nat_max_entries = 3", "nat_max_entries"),
             ("pod_cidr = \"10.0.0.0/31\"", "pod_cidr"),
             ("gateway = \"10.244.0.1\"", "gateway"),
             ("mtu = 100", "mtu"),

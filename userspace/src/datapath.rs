@@ -108,7 +108,13 @@ pub enum DatapathError {
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 10] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 11] = [
+    (
+        map_names::NAT_STATS,
+        MapType::PerCpuArray,
+        size_of::<u32>(),
+        size_of::<u64>(),
+    ),
     (
         map_names::HOSTPORTS,
         MapType::Hash,
@@ -291,6 +297,13 @@ impl Datapath {
     /// Loads the object with every map pinned under `layout` (reusing pins
     /// that exist), loads and pins every program.
     pub fn load(layout: &PinLayout) -> Result<Self, DatapathError> {
+        Self::load_with(layout, rivet_common::NAT_MAX)
+    }
+
+    /// Like [`Self::load`] with the NAT table's capacity. A pinned NAT
+    /// table of another size is kept as it is (flows survive) until
+    /// `rivetd unload`; a warning says so.
+    pub fn load_with(layout: &PinLayout, nat_max_entries: u32) -> Result<Self, DatapathError> {
         if OBJECT.is_empty() {
             return Err(DatapathError::EmptyObject);
         }
@@ -300,6 +313,17 @@ impl Datapath {
         let btf = Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref());
+        loader.map_max_entries(map_names::NAT, nat_max_entries);
+        if let Ok(pinned) = MapData::from_pin(layout.map(map_names::NAT))
+            && let Ok(info) = pinned.info()
+            && info.max_entries() != nat_max_entries
+        {
+            tracing::warn!(
+                pinned = info.max_entries(),
+                configured = nat_max_entries,
+                "the pinned NAT table keeps its size until `rivetd unload`"
+            );
+        }
         for name in map_names::ALL {
             loader.map_pin_path(name, layout.map(name));
         }

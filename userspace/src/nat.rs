@@ -149,6 +149,7 @@ pub fn monotonic_ns() -> u64 {
 /// The collector, with its own handle of the pinned `NAT` map.
 pub struct Collector {
     map: HashMap<MapData, NatKey, NatEntry>,
+    counters: Option<aya::maps::PerCpuArray<MapData, u64>>,
     path: String,
     timeouts: Timeouts,
     stats: NatStats,
@@ -165,8 +166,13 @@ impl Collector {
         let data = MapData::from_pin(pin).map_err(err)?;
         let max = data.info().map_err(err)?.max_entries();
         let map = HashMap::try_from(aya::maps::Map::LruHashMap(data)).map_err(err)?;
+        let stats_pin = pin.with_file_name(rivet_common::map_names::NAT_STATS);
+        let counters = MapData::from_pin(&stats_pin)
+            .ok()
+            .and_then(|d| aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(d)).ok());
         Ok(Self {
             map,
+            counters,
             path,
             timeouts,
             stats: NatStats {
@@ -179,6 +185,16 @@ impl Collector {
     /// The last collection's figures.
     pub fn stats(&self) -> NatStats {
         self.stats
+    }
+
+    /// Entries the datapath created, summed over CPUs.
+    fn created(&self) -> Option<u64> {
+        let values = self
+            .counters
+            .as_ref()?
+            .get(&rivet_common::nat_stat::CREATED, 0)
+            .ok()?;
+        Some(values.iter().sum())
     }
 
     /// Every entry (a snapshot).
@@ -248,6 +264,15 @@ impl Collector {
         self.stats.entries = (all.len() - doomed.len()) as u64;
         self.stats.expired += expired;
         self.stats.orphaned += orphaned;
+        if let Some(created) = self.created() {
+            // Entries leave the table only through this collector or the
+            // LRU; what is neither here nor removed here was evicted. (The
+            // removals counted are this agent's: after a restart the
+            // figure includes evictions of earlier runs.)
+            self.stats.evicted = created
+                .saturating_sub(self.stats.entries)
+                .saturating_sub(self.stats.expired + self.stats.orphaned);
+        }
         self.stats.collections += 1;
         Ok(self.stats)
     }

@@ -33,9 +33,11 @@ pub mod map_names {
     pub const NO_MASQ: &str = "NO_MASQ";
     /// hostPorts: [`crate::HostPortKey`] → [`crate::HostPortTarget`].
     pub const HOSTPORTS: &str = "HOSTPORTS";
+    /// NAT table bookkeeping (per-CPU `u64` by [`crate::nat_stat`] index).
+    pub const NAT_STATS: &str = "NAT_STATS";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -46,6 +48,7 @@ pub mod map_names {
         NAT_CONFIG,
         NO_MASQ,
         HOSTPORTS,
+        NAT_STATS,
     ];
 }
 
@@ -233,6 +236,15 @@ pub struct HostPortTarget {
     pub port: u16,
     /// Reserved, zero.
     pub _pad: [u8; 2],
+}
+
+/// Slots of the `NAT_STATS` map.
+pub mod nat_stat {
+    /// Entries the datapath created in `NAT` (ever). With the collector's
+    /// removals and the live count this gives the LRU evictions.
+    pub const CREATED: u32 = 0;
+    /// Slots in the map.
+    pub const SLOTS: u32 = 4;
 }
 
 /// Directions of [`NatKey::dir`].

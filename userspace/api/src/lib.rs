@@ -404,6 +404,10 @@ pub struct NatStatus {
     pub expired: u64,
     /// Entries whose partner was gone (evicted by the full LRU table).
     pub orphaned: u64,
+    /// Entries the full table recycled (LRU evictions), since the table
+    /// was created: created − live − removed by the collector.
+    #[serde(default)]
+    pub evicted: u64,
     /// Collections run.
     pub collections: u64,
 }

@@ -331,8 +331,14 @@ fn print_table(response: &Response, show_all: bool) {
             let n = s.nat;
             if n.masquerade {
                 println!(
-                    "masquerade: ports {}-{}  NAT table {} of {} entries  expired {}  evicted {}",
-                    n.port_min, n.port_max, n.entries, n.max_entries, n.expired, n.orphaned
+                    "masquerade: ports {}-{}  NAT table {} of {} entries  expired {}  evicted {} (+{} half-evicted)",
+                    n.port_min,
+                    n.port_max,
+                    n.entries,
+                    n.max_entries,
+                    n.expired,
+                    n.evicted,
+                    n.orphaned
                 );
             } else {
                 println!(

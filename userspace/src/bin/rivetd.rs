@@ -94,6 +94,9 @@ struct Cli {
     /// Seconds between NAT table garbage collections.
     #[arg(long)]
     nat_gc_interval: Option<u64>,
+    /// Capacity of the NAT table, entries (default 131072).
+    #[arg(long)]
+    nat_max_entries: Option<u32>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -144,6 +147,7 @@ impl Cli {
             nat_tcp_timeout: self.nat_tcp_timeout,
             nat_udp_timeout: self.nat_udp_timeout,
             nat_gc_interval: self.nat_gc_interval,
+            nat_max_entries: self.nat_max_entries,
         }))
     }
 }
