@@ -109,9 +109,14 @@ pub fn handle(ctx: &TcContext) -> i32 {
         return remote::forward(ctx, &cfg, &route, Sender::Pod { ifindex, ep: src });
     }
     if dst == cfg.node_ip || maps::is_local_addr(dst) {
-        // A sibling's hostPort, reached through the node's address.
+        // A hostPort (a sibling's, or the pod's own: hairpin), reached
+        // through the node's address.
         if ip.ttl > 1 {
-            match nat::hostport_in(ctx, &hdr, Some(ifindex)) {
+            let client = nat::Client::Pod {
+                ifindex,
+                gateway: cfg.gateway,
+            };
+            match nat::hostport_in(ctx, &hdr, client) {
                 nat::Reply::Deliver(ep) => {
                     if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
                         // SAFETY: bounds-checked; alignment 1; the

@@ -79,7 +79,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
             hlen,
             frag: u16::from_be_bytes(ip.frag_off),
         };
-        match nat::hostport_in(ctx, &hdr, None) {
+        match nat::hostport_in(ctx, &hdr, nat::Client::Remote) {
             nat::Reply::Deliver(ep) => {
                 return deliver(ctx, &cfg, Target::Pod(ep), Counter::FwdDnat);
             }

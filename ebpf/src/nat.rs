@@ -203,6 +203,34 @@ fn rewrite(
     ctx.store(addr_off, &new_addr, 0).map_err(fail)
 }
 
+/// Rewrites one address only (source or destination, TCP/UDP): the IPv4
+/// checksum and the transport checksum's pseudo-header part.
+#[inline(always)]
+fn rewrite_addr(
+    ctx: &TcContext,
+    l4: &L4,
+    dst: bool,
+    (old, new): (u32, u32),
+) -> Result<(), Counter> {
+    let fail = |_| Counter::DropNatRewrite;
+    let (from, to) = (u64::from(old), u64::from(new));
+    let mangled = if l4.proto == IPPROTO_UDP {
+        u64::from(BPF_F_MARK_MANGLED_0)
+    } else {
+        0
+    };
+    ctx.l4_csum_replace(
+        l4.csum_off(),
+        from,
+        to,
+        mangled | u64::from(BPF_F_PSEUDO_HDR) | 4,
+    )
+    .map_err(fail)?;
+    ctx.l3_csum_replace(IP_CSUM, from, to, 4).map_err(fail)?;
+    ctx.store(if dst { IP_DST } else { IP_SRC }, &new, 0)
+        .map_err(fail)
+}
+
 /// Claims a NAT port for a new flow: its reply entry goes in first, only
 /// if that reply tuple is free, then its egress entry. Returns the port
 /// (wire order).
@@ -246,6 +274,7 @@ fn allocate(
                 let _ = NAT.remove(rkey);
                 return Err(Counter::DropNatInsertFailed);
             }
+            maps::nat_created(2);
             return Ok(wire);
         }
         port = if port >= max { min } else { port + 1 };
@@ -360,13 +389,22 @@ pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Rep
     }
 }
 
+/// Who sent a packet that may hit a hostPort.
+#[derive(Clone, Copy)]
+pub enum Client {
+    /// Arrived at the uplink.
+    Remote,
+    /// A pod behind host veth `ifindex`; if the hostPort is its own, its
+    /// source becomes `gateway` (hairpin: a pod cannot take a packet from
+    /// its own address).
+    Pod { ifindex: u32, gateway: u32 },
+}
+
 /// A packet addressed to one of the node's addresses: if it hits a
 /// hostPort, the reply tuple is recorded and the destination rewritten to
-/// the pod, which is returned for delivery. `sender`: the host veth it came
-/// from, if from a pod — a pod reaching its own hostPort is not translated
-/// (it would receive a packet from its own address).
+/// the pod, which is returned for delivery.
 #[inline(always)]
-pub fn hostport_in(ctx: &TcContext, ip: &Ip, sender: Option<u32>) -> Reply {
+pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
     if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
         return Reply::NotOurs;
     }
@@ -380,12 +418,13 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, sender: Option<u32>) -> Reply {
         return Reply::NotOurs;
     };
     let ep = *ep;
-    if sender == Some(ep.ifindex) {
-        return Reply::NotOurs;
-    }
+    let hairpin = match client {
+        Client::Pod { ifindex, gateway } if ifindex == ep.ifindex => Some(gateway),
+        _ => None,
+    };
     let key = NatKey {
         src: target.pod_ip,
-        dst: ip.src,
+        dst: hairpin.unwrap_or(ip.src),
         sport: target.port,
         dport: l4.sport,
         proto: ip.proto,
@@ -406,15 +445,21 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, sender: Option<u32>) -> Reply {
             if NAT.insert(key, entry, u64::from(BPF_ANY)).is_err() {
                 return Reply::Done(verdict::drop(ctx, Counter::DropNatInsertFailed));
             }
+            maps::nat_created(1);
         }
     }
-    match rewrite(
+    let rewritten = rewrite(
         ctx,
         &l4,
         true,
         (ip.dst, target.pod_ip),
         (l4.dport, target.port),
-    ) {
+    )
+    .and_then(|()| match hairpin {
+        Some(gateway) => rewrite_addr(ctx, &l4, false, (ip.src, gateway)),
+        None => Ok(()),
+    });
+    match rewritten {
         Ok(()) => Reply::Deliver(ep),
         Err(reason) => Reply::Done(verdict::drop(ctx, reason)),
     }
@@ -457,7 +502,16 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
     if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, addr), (l4.sport, port)) {
         return Some(verdict::drop(ctx, reason));
     }
-    if let Some(client) = maps::endpoint(ip.dst) {
+    // Hairpin: the pod answers itself (it saw its gateway as the client).
+    let client_ip = if ip.dst == cfg.gateway {
+        if let Err(reason) = rewrite_addr(ctx, &l4, true, (ip.dst, ip.src)) {
+            return Some(verdict::drop(ctx, reason));
+        }
+        ip.src
+    } else {
+        ip.dst
+    };
+    if let Some(client) = maps::endpoint(client_ip) {
         return Some(to_pod(ctx, client, Counter::RevDnat));
     }
     Some(match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {

@@ -360,7 +360,7 @@ fn ask(ns: &Netns, dst: SocketAddr) -> Result<String, String> {
 
 /// hostPorts: from outside, from another node and from a sibling pod the
 /// pod is reached through the node's address, and sees the real client
-/// address; UDP too; another node's address on the same port is not
+/// address; from itself (hairpin) it sees its gateway; UDP too; another node's address on the same port is not
 /// intercepted; after DEL the port is gone.
 #[test]
 fn hostports_reach_the_pod_from_everywhere() {
@@ -409,6 +409,11 @@ fn hostports_reach_the_pod_from_everywhere() {
         seen.starts_with(&format!("{sib_ip}:")),
         "sibling seen as {seen}"
     );
+
+    // Hairpin: the pod reaches its own hostPort and sees its gateway as the
+    // client (it cannot receive a packet from its own address).
+    let seen = ask(&w.pods[target].ns, hostport).expect("pod → its own hostPort");
+    assert!(seen.starts_with("169.254.1.1:"), "hairpin seen as {seen}");
 
     let sock = out.exec(|| UdpSocket::bind(("0.0.0.0", 0))).expect("udp");
     sock.set_read_timeout(Some(Duration::from_secs(3)))
