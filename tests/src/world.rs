@@ -463,6 +463,31 @@ impl World {
         self.pods.len() - 1
     }
 
+    /// Adds a pod with hostPorts (`portMappings`), through the agent.
+    pub fn add_pod_with_ports(&mut self, n: usize, mappings: Vec<rivet_api::PortMapping>) -> usize {
+        let node = &mut self.nodes[n];
+        let host = node.next_host;
+        node.next_host += 1;
+        let name = format!("{}-n{}p{}", self.prefix, n + 1, host);
+        let ns = Netns::new(name.clone());
+        let net: ipnet::Ipv4Net = node.pod_cidr.parse().expect("pod CIDR");
+        let ip = Ipv4Addr::from(u32::from(net.network()) + u32::from(host));
+        let mut spec = EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip);
+        spec.port_mappings = mappings;
+        let endpoint = match node.agent().client().call(&Request::EndpointAdd(spec)) {
+            Ok(Response::Endpoint(ep)) => ep,
+            other => panic!("adding pod {name} with hostPorts: {other:?}"),
+        };
+        self.pods.push(Pod {
+            name,
+            node: n,
+            ip,
+            endpoint,
+            ns,
+        });
+        self.pods.len() - 1
+    }
+
     /// Detaches pod `p` through the agent (its namespace stays).
     pub fn del_pod(&self, p: usize) -> bool {
         let pod = &self.pods[p];

@@ -293,38 +293,6 @@ fn idle_flows_expire_and_new_ones_work() {
     udp_roundtrip(7201);
 }
 
-/// A pod with hostPorts, added through the agent like `World::add_pod`.
-fn add_pod_with_ports(w: &mut World, n: usize, mappings: Vec<rivet_api::PortMapping>) -> usize {
-    let p = w.add_pod(n);
-    // Re-add the same pod with its mappings: DEL then ADD through the API.
-    let (name, ip, path) = (
-        w.pods[p].name.clone(),
-        w.pods[p].ip,
-        w.pods[p].ns.path().display().to_string(),
-    );
-    assert!(w.del_pod(p));
-    let mut spec = rivet_api::EndpointSpec::new(&name, path).with_ip(ip);
-    spec.port_mappings = mappings;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let ep = loop {
-        match w.nodes[n]
-            .agent()
-            .client()
-            .call(&Request::EndpointAdd(spec.clone()))
-        {
-            Ok(Response::Endpoint(ep)) => break ep,
-            // The old veth may still be draining (its address stays taken).
-            other if std::time::Instant::now() < deadline => {
-                let _ = other;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            other => panic!("re-adding {name} with ports: {other:?}"),
-        }
-    };
-    w.pods[p].endpoint = ep;
-    p
-}
-
 fn mapping(host: u16, container: u16, protocol: rivet_api::Protocol) -> rivet_api::PortMapping {
     rivet_api::PortMapping {
         host_port: host,
@@ -368,11 +336,7 @@ fn hostports_reach_the_pod_from_everywhere() {
     let mut w = World::new();
     let nodes = w.add_static_cluster(2, "vxlan");
     let (n1, n2) = (nodes[0], nodes[1]);
-    let target = add_pod_with_ports(
-        &mut w,
-        n1,
-        vec![mapping(8080, 80, Tcp), mapping(5353, 53, Udp)],
-    );
+    let target = w.add_pod_with_ports(n1, vec![mapping(8080, 80, Tcp), mapping(5353, 53, Udp)]);
     let sibling = w.add_pod(n1);
     w.add_outside();
     let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
@@ -480,11 +444,8 @@ fn exchange(s: &mut std::net::TcpStream, what: &str) {
 #[test]
 fn nat_flows_survive_agent_restarts() {
     let mut s = setup(0);
-    let target = add_pod_with_ports(
-        &mut s.w,
-        s.n,
-        vec![mapping(8080, 80, rivet_api::Protocol::Tcp)],
-    );
+    let target =
+        s.w.add_pod_with_ports(s.n, vec![mapping(8080, 80, rivet_api::Protocol::Tcp)]);
     echo_server(outside(&s), 7300);
     echo_server(&s.w.pods[target].ns, 80);
     let mut snat = connect(

@@ -35,6 +35,9 @@ enum Which {
     /// Cross-node pod to pod: underlay, flannel-style kernel vxlan, rivet in
     /// every mode, with veth-default and NIC-like underlays.
     Overlay,
+    /// hostPort connect latency and rate vs the number of mappings: rivet's
+    /// BPF DNAT vs iptables DNAT rules (portmap's layout).
+    Nat,
 }
 
 fn main() {
@@ -53,7 +56,7 @@ fn main() {
         }
     };
     let which = if args.which.is_empty() {
-        vec![Which::SameNode, Which::Cni, Which::Overlay]
+        vec![Which::SameNode, Which::Cni, Which::Overlay, Which::Nat]
     } else {
         args.which
     };
@@ -64,6 +67,14 @@ fn main() {
             Which::SameNode => bench::same_node::run(&opts),
             Which::Cni => bench::cni::run(&opts),
             Which::Overlay => bench::overlay::run(&opts),
+            Which::Nat => bench::nat::run(
+                &opts,
+                if args.quick {
+                    &[1, 1000]
+                } else {
+                    &[1, 100, 1000, 10_000]
+                },
+            ),
         });
     }
     for r in &reports {

@@ -1,0 +1,244 @@
+//! hostPort cost against the number of mappings: rivet's BPF DNAT (one
+//! hash lookup) vs iptables DNAT rules as the reference `portmap` plugin
+//! writes them (one rule per mapping, evaluated in order), measured side by
+//! side from the same outside host: connect + 1-byte exchange + close, per
+//! connection latency and connections per second, and the time to program
+//! the N mappings.
+//!
+//! Both nodes sit on the same underlay; each has one pod serving on port 80
+//! behind hostPort 8080, and N − 1 other mappings (other ports) in front of
+//! it — for iptables the measured mapping is the last rule, as the newest
+//! container's is.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use super::{Options, Report, percentile, progress};
+use crate::{Netns, World};
+
+const HOST_PORT: u16 = 8080;
+/// Ports of the other mappings: FILLER_BASE, FILLER_BASE + 1, ...
+const FILLER_BASE: u16 = 20_000;
+
+/// A server in `ns` on `port`: per connection, read 1 byte, answer 1 byte.
+fn one_byte_server(ns: &Netns, port: u16) {
+    let listener: TcpListener = ns
+        .exec(move || TcpListener::bind(("0.0.0.0", port)))
+        .expect("bind bench server");
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().map_while(Result::ok) {
+            let mut b = [0u8; 1];
+            if c.read_exact(&mut b).is_ok() {
+                let _ = c.write_all(&b);
+            }
+        }
+    });
+}
+
+/// Connect/exchange/close from inside `ns` for `secs`: latencies in µs.
+fn connection_loop(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
+    ns.exec(move || {
+        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let mut out = Vec::new();
+        while Instant::now() < end {
+            let t = Instant::now();
+            let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
+                continue;
+            };
+            let mut b = [7u8; 1];
+            if s.write_all(&b).is_ok() && s.read_exact(&mut b).is_ok() {
+                out.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        out
+    })
+}
+
+/// The iptables node: a plain namespace routing to its pod, DNAT rules.
+struct IptablesNode {
+    node: usize,
+    pod: Netns,
+    pod_ip: Ipv4Addr,
+}
+
+fn iptables_node(w: &mut World) -> IptablesNode {
+    let node = w.add_node();
+    let ns = &w.nodes[node].ns;
+    let pod = Netns::new(format!("{}-ipt-pod", w.prefix));
+    ns.ip(&[
+        "link",
+        "add",
+        "vpod",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        pod.name(),
+    ]);
+    ns.ip(&["addr", "add", "10.250.0.1/24", "dev", "vpod"]);
+    ns.ip(&["link", "set", "vpod", "up"]);
+    pod.ip(&["addr", "add", "10.250.0.2/24", "dev", "eth0"]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod.ip(&["link", "set", "lo", "up"]);
+    pod.ip(&["route", "add", "default", "via", "10.250.0.1"]);
+    ns.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+    IptablesNode {
+        node,
+        pod,
+        pod_ip: Ipv4Addr::new(10, 250, 0, 2),
+    }
+}
+
+/// Programs N mappings on the iptables node (the measured one last) with
+/// one `iptables-restore`; returns the wall time in ms.
+fn program_iptables(ns: &Netns, node_ip: Ipv4Addr, pod_ip: Ipv4Addr, n: usize) -> f64 {
+    let mut rules = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:CNI-HOSTPORT-DNAT - [0:0]\n");
+    rules.push_str("-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n");
+    for i in 0..n.saturating_sub(1) {
+        rules.push_str(&format!(
+            "-A CNI-HOSTPORT-DNAT -d {node_ip}/32 -p tcp -m tcp --dport {} -j DNAT --to-destination 10.250.1.{}:80\n",
+            FILLER_BASE + i as u16,
+            1 + i % 250
+        ));
+    }
+    rules.push_str(&format!(
+        "-A CNI-HOSTPORT-DNAT -d {node_ip}/32 -p tcp -m tcp --dport {HOST_PORT} -j DNAT --to-destination {pod_ip}:80\nCOMMIT\n"
+    ));
+    let t = Instant::now();
+    let mut child = ns
+        .command("iptables-nft-restore")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("iptables-nft-restore");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(rules.as_bytes())
+        .expect("rules");
+    assert!(
+        child.wait().expect("wait").success(),
+        "iptables-nft-restore failed"
+    );
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Programs N − 1 other mappings through the agent: one pod whose ADD
+/// carries them all (the previous filler pod is deleted first). Returns
+/// the filler pod and the ADD's wall time in ms.
+fn program_rivet(
+    w: &mut World,
+    node: usize,
+    previous: Option<usize>,
+    n: usize,
+) -> (Option<usize>, f64) {
+    if let Some(p) = previous {
+        assert!(w.del_pod(p), "filler pod DEL");
+    }
+    if n < 2 {
+        return (None, 0.0);
+    }
+    let mappings = (0..n - 1)
+        .map(|i| rivet_api::PortMapping {
+            host_port: FILLER_BASE + i as u16,
+            container_port: 80,
+            protocol: rivet_api::Protocol::Tcp,
+            host_ip: None,
+        })
+        .collect();
+    let t = Instant::now();
+    let p = w.add_pod_with_ports(node, mappings);
+    (Some(p), t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options, sizes: &[usize]) -> Report {
+    let mut w = World::new();
+    let rivet_node = w.add_node_with_agent();
+    let pod = w.add_pod_with_ports(
+        rivet_node,
+        vec![rivet_api::PortMapping {
+            host_port: HOST_PORT,
+            container_port: 80,
+            protocol: rivet_api::Protocol::Tcp,
+            host_ip: None,
+        }],
+    );
+    let ipt = iptables_node(&mut w);
+    w.add_outside();
+    w.outside
+        .as_ref()
+        .expect("outside")
+        .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    one_byte_server(&w.pods[pod].ns, 80);
+    one_byte_server(&ipt.pod, 80);
+    let targets = [
+        (
+            "rivet",
+            SocketAddr::from((w.nodes[rivet_node].ip, HOST_PORT)),
+        ),
+        (
+            "iptables",
+            SocketAddr::from((w.nodes[ipt.node].ip, HOST_PORT)),
+        ),
+    ];
+
+    let mut report = Report {
+        name: "hostPort vs number of mappings".into(),
+        variants: targets.iter().map(|(n, _)| (*n).to_owned()).collect(),
+        baseline: "iptables".into(),
+        ..Default::default()
+    };
+    report.notes.push(format!(
+        "connect + 1-byte exchange + close from an outside host, {} s per sample, {} rounds per size, interleaved; iptables: DNAT rules in portmap's layout (nft backend), the measured mapping last",
+        opts.secs, opts.rounds
+    ));
+    report.notes.push(
+        "program_ms: rivet = one CNI-path ADD (through the agent API) of a pod carrying the N − 1 other mappings; iptables = one iptables-nft-restore of the N rules".into(),
+    );
+    let started = Instant::now();
+    let mut filler = None;
+    for &n in sizes {
+        let (p50, p99, rate, prog) = (
+            format!("connect_p50_us_n{n}"),
+            format!("connect_p99_us_n{n}"),
+            format!("conns_per_s_n{n}"),
+            format!("program_ms_n{n}"),
+        );
+        for m in [&p50, &p99, &prog] {
+            report.better.insert(m.clone(), "lower".into());
+        }
+        report.better.insert(rate.clone(), "higher".into());
+        let ipt_ms = program_iptables(&w.nodes[ipt.node].ns, w.nodes[ipt.node].ip, ipt.pod_ip, n);
+        report.add(&prog, "iptables", ipt_ms);
+        let (f, rivet_ms) = program_rivet(&mut w, rivet_node, filler.take(), n);
+        filler = f;
+        report.add(&prog, "rivet", rivet_ms);
+        let outside = w.outside.as_ref().expect("outside");
+        for round in 0..opts.rounds {
+            for (name, dst) in targets {
+                progress(&format!(
+                    "nat: N={n} round {}/{} {name} [{:.0}s]",
+                    round + 1,
+                    opts.rounds,
+                    started.elapsed().as_secs_f64()
+                ));
+                let lat = connection_loop(outside, dst, opts.secs);
+                assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
+                report.add(&p50, name, percentile(&lat, 50.0));
+                report.add(&p99, name, percentile(&lat, 99.0));
+                report.add(&rate, name, lat.len() as f64 / f64::from(opts.secs));
+            }
+        }
+    }
+    progress(&format!(
+        "nat: done in {:.0}s\n",
+        started.elapsed().as_secs_f64()
+    ));
+    report
+}
