@@ -1,9 +1,10 @@
-//! hostPort cost against the number of mappings: rivet's BPF DNAT (one
+//! NAT cost. hostPorts against the number of mappings: rivet's BPF DNAT (one
 //! hash lookup) vs iptables DNAT rules as the reference `portmap` plugin
 //! writes them (one rule per mapping, evaluated in order), measured side by
 //! side from the same outside host: connect + 1-byte exchange + close, per
 //! connection latency and connections per second, and the time to program
-//! the N mappings.
+//! the N mappings. Masquerade: connections per second from a pod to an
+//! outside server, rivet's BPF SNAT vs iptables MASQUERADE.
 //!
 //! Both nodes sit on the same underlay; each has one pod serving on port 80
 //! behind hostPort 8080, and N − 1 other mappings (other ports) in front of
@@ -97,8 +98,13 @@ fn iptables_node(w: &mut World) -> IptablesNode {
 /// Programs N mappings on the iptables node (the measured one last) with
 /// one `iptables-restore`; returns the wall time in ms.
 fn program_iptables(ns: &Netns, node_ip: Ipv4Addr, pod_ip: Ipv4Addr, n: usize) -> f64 {
-    let mut rules = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:CNI-HOSTPORT-DNAT - [0:0]\n");
+    let mut rules = String::from(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:CNI-HOSTPORT-DNAT - [0:0]\n",
+    );
     rules.push_str("-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n");
+    // The pod's traffic leaving the node is masqueraded, as the reference
+    // plugins' ipMasq does it.
+    rules.push_str("-A POSTROUTING -s 10.250.0.0/24 ! -d 10.250.0.0/24 -j MASQUERADE\n");
     for i in 0..n.saturating_sub(1) {
         rules.push_str(&format!(
             "-A CNI-HOSTPORT-DNAT -d {node_ip}/32 -p tcp -m tcp --dport {} -j DNAT --to-destination 10.250.1.{}:80\n",
@@ -236,6 +242,47 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             }
         }
     }
+    // Masquerade: the pods open connections to a server on the outside
+    // host, through rivet's BPF SNAT and through iptables MASQUERADE.
+    let outside = w.outside.as_ref().expect("outside");
+    one_byte_server(outside, 9000);
+    let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    let dst = SocketAddr::from((outside_ip, 9000));
+    for ns in [&w.pods[pod].ns, &ipt.pod] {
+        ns.run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    }
+    let clients = [("rivet", &w.pods[pod].ns), ("iptables", &ipt.pod)];
+    for m in ["snat_p50_us", "snat_p99_us"] {
+        report.better.insert(m.into(), "lower".into());
+    }
+    report
+        .better
+        .insert("snat_conns_per_s".into(), "higher".into());
+    for round in 0..opts.rounds {
+        for (name, ns) in clients {
+            progress(&format!(
+                "nat: masquerade round {}/{} {name} [{:.0}s]",
+                round + 1,
+                opts.rounds,
+                started.elapsed().as_secs_f64()
+            ));
+            let lat = connection_loop(ns, dst, opts.secs);
+            assert!(
+                !lat.is_empty(),
+                "{name}: no masqueraded connection succeeded"
+            );
+            report.add("snat_p50_us", name, percentile(&lat, 50.0));
+            report.add("snat_p99_us", name, percentile(&lat, 99.0));
+            report.add(
+                "snat_conns_per_s",
+                name,
+                lat.len() as f64 / f64::from(opts.secs),
+            );
+        }
+    }
+    report.notes.push(
+        "snat_*: a pod opens connections (connect + 1 byte + close) to the outside host through rivet's BPF masquerade vs iptables MASQUERADE (nf_conntrack)".into(),
+    );
     progress(&format!(
         "nat: done in {:.0}s\n",
         started.elapsed().as_secs_f64()
