@@ -69,6 +69,8 @@ pub fn handle(ctx: &TcContext) -> i32 {
             return ipip_in(ctx, &cfg, ip, src);
         }
     }
+    // Translations toward a pod: a hostPort on any node address; replies
+    // (and ICMP errors) of masqueraded flows on the node IP.
     if (to_node || maps::is_local_addr(dst))
         && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
     {
@@ -79,37 +81,25 @@ pub fn handle(ctx: &TcContext) -> i32 {
             hlen,
             frag: u16::from_be_bytes(ip.frag_off),
         };
-        match nat::hostport_in(ctx, &hdr, nat::Client::Remote) {
-            nat::Reply::Deliver(ep) => {
-                return deliver(ctx, &cfg, Target::Pod(ep), Counter::FwdDnat);
-            }
+        let mut answer = nat::hostport_in(ctx, &hdr, nat::Client::Remote);
+        let mut counter = Counter::FwdDnat;
+        if matches!(answer, nat::Reply::NotOurs)
+            && to_node
+            && let Some(nat) = maps::nat_config()
+        {
+            counter = Counter::RevSnat;
+            answer = match nat::icmp_error(ctx, &cfg, &hdr) {
+                nat::Reply::NotOurs => nat::reply(ctx, &cfg, &nat, &hdr),
+                other => other,
+            };
+        }
+        match answer {
+            nat::Reply::Deliver(ep) => return deliver(ctx, &cfg, Target::Pod(ep), counter),
             nat::Reply::Done(v) => return v,
             nat::Reply::NotOurs => {}
         }
     }
     if to_node {
-        if let Some(nat) = maps::nat_config()
-            && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
-        {
-            let hdr = nat::Ip {
-                src,
-                dst,
-                proto: ip.protocol,
-                hlen,
-                frag: u16::from_be_bytes(ip.frag_off),
-            };
-            let answer = match nat::icmp_error(ctx, &cfg, &hdr) {
-                nat::Reply::NotOurs => nat::reply(ctx, &cfg, &nat, &hdr),
-                other => other,
-            };
-            match answer {
-                nat::Reply::Deliver(ep) => {
-                    return deliver(ctx, &cfg, Target::Pod(ep), Counter::RevSnat);
-                }
-                nat::Reply::Done(v) => return v,
-                nat::Reply::NotOurs => {}
-            }
-        }
         if maps::route(src).is_some() && cfg.host_ifindex != 0 {
             // A remote pod talking to this node, routed natively.
             return to_host(ctx, &cfg, Counter::DeliverHost);

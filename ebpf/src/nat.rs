@@ -251,15 +251,7 @@ fn allocate(
         flags: 0,
         last_seen: now,
     };
-    let mut rkey = NatKey {
-        src: key.dst,
-        dst: node_ip,
-        sport: key.dport,
-        dport: 0,
-        proto: key.proto,
-        dir: nat_dir::REPLY,
-        _pad: [0; 2],
-    };
+    let mut rkey = NatKey::new(key.dst, node_ip, (key.dport, 0), key.proto, nat_dir::REPLY);
     for _ in 0..NAT_PROBES {
         let wire = (port as u16).to_be();
         rkey.dport = wire;
@@ -300,15 +292,13 @@ pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i3
     let Some(l4) = parse(ctx, ip, false) else {
         return verdict::drop(ctx, Counter::DropNatUnsupported);
     };
-    let key = NatKey {
-        src: ip.src,
-        dst: ip.dst,
-        sport: l4.sport,
-        dport: l4.dport,
-        proto: ip.proto,
-        dir: nat_dir::EGRESS,
-        _pad: [0; 2],
-    };
+    let key = NatKey::new(
+        ip.src,
+        ip.dst,
+        (l4.sport, l4.dport),
+        ip.proto,
+        nat_dir::EGRESS,
+    );
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match NAT.get_ptr_mut(key) {
@@ -353,15 +343,13 @@ pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Rep
     let Some(l4) = parse(ctx, ip, true) else {
         return Reply::NotOurs;
     };
-    let key = NatKey {
-        src: ip.src,
-        dst: cfg.node_ip,
-        sport: l4.sport,
-        dport: l4.dport,
-        proto: ip.proto,
-        dir: nat_dir::REPLY,
-        _pad: [0; 2],
-    };
+    let key = NatKey::new(
+        ip.src,
+        cfg.node_ip,
+        (l4.sport, l4.dport),
+        ip.proto,
+        nat_dir::REPLY,
+    );
     let in_range = (nat.port_min..=nat.port_max).contains(&u16::from_be(l4.dport));
     let Some(entry) = NAT.get_ptr_mut(key) else {
         // TCP/UDP to the NAT range without state: a flow that expired or
@@ -422,15 +410,13 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
         Client::Pod { ifindex, gateway } if ifindex == ep.ifindex => Some(gateway),
         _ => None,
     };
-    let key = NatKey {
-        src: target.pod_ip,
-        dst: hairpin.unwrap_or(ip.src),
-        sport: target.port,
-        dport: l4.sport,
-        proto: ip.proto,
-        dir: nat_dir::DNAT,
-        _pad: [0; 2],
-    };
+    let key = NatKey::new(
+        target.pod_ip,
+        hairpin.unwrap_or(ip.src),
+        (target.port, l4.sport),
+        ip.proto,
+        nat_dir::DNAT,
+    );
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     match NAT.get_ptr_mut(key) {
@@ -474,15 +460,13 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
         return None;
     }
     let l4 = parse(ctx, ip, false)?;
-    let key = NatKey {
-        src: ip.src,
-        dst: ip.dst,
-        sport: l4.sport,
-        dport: l4.dport,
-        proto: ip.proto,
-        dir: nat_dir::DNAT,
-        _pad: [0; 2],
-    };
+    let key = NatKey::new(
+        ip.src,
+        ip.dst,
+        (l4.sport, l4.dport),
+        ip.proto,
+        nat_dir::DNAT,
+    );
     let entry = NAT.get_ptr_mut(key)?;
     // SAFETY: plain helper call.
     touch(

@@ -436,31 +436,7 @@ impl World {
 
     /// Creates a pod namespace on node `n` and attaches it through the agent.
     pub fn add_pod(&mut self, n: usize) -> usize {
-        let node = &mut self.nodes[n];
-        let host = node.next_host;
-        node.next_host += 1;
-        let name = format!("{}-n{}p{}", self.prefix, n + 1, host);
-        let ns = Netns::new(name.clone());
-        let net: ipnet::Ipv4Net = node.pod_cidr.parse().expect("pod CIDR");
-        let ip = Ipv4Addr::from(u32::from(net.network()) + u32::from(host));
-        let response = node.agent().client().call(&Request::EndpointAdd(
-            EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip),
-        ));
-        let endpoint = match response {
-            Ok(Response::Endpoint(ep)) => ep,
-            other => panic!(
-                "adding pod {name}: {other:?}\nagent log:\n{}",
-                node.agent().log()
-            ),
-        };
-        self.pods.push(Pod {
-            name,
-            node: n,
-            ip,
-            endpoint,
-            ns,
-        });
-        self.pods.len() - 1
+        self.add_pod_with_ports(n, Vec::new())
     }
 
     /// Adds a pod with hostPorts (`portMappings`), through the agent.
@@ -476,7 +452,10 @@ impl World {
         spec.port_mappings = mappings;
         let endpoint = match node.agent().client().call(&Request::EndpointAdd(spec)) {
             Ok(Response::Endpoint(ep)) => ep,
-            other => panic!("adding pod {name} with hostPorts: {other:?}"),
+            other => panic!(
+                "adding pod {name}: {other:?}\nagent log:\n{}",
+                node.agent().log()
+            ),
         };
         self.pods.push(Pod {
             name,

@@ -116,15 +116,7 @@ pub type NatStats = rivet_api::NatStatus;
 
 /// The key of the reply entry that belongs to an egress entry.
 pub fn reply_key(k: &NatKey, e: &NatEntry) -> NatKey {
-    NatKey {
-        src: k.dst,
-        dst: e.addr,
-        sport: k.dport,
-        dport: e.port,
-        proto: k.proto,
-        dir: nat_dir::REPLY,
-        _pad: [0; 2],
-    }
+    NatKey::new(k.dst, e.addr, (k.dport, e.port), k.proto, nat_dir::REPLY)
 }
 
 /// How long a flow may stay idle.
@@ -317,15 +309,7 @@ mod tests {
 
     #[test]
     fn reply_key_mirrors_the_egress_entry() {
-        let k = NatKey {
-            src: 1,
-            dst: 2,
-            sport: 3,
-            dport: 4,
-            proto: TCP,
-            dir: nat_dir::EGRESS,
-            _pad: [0; 2],
-        };
+        let k = NatKey::new(1, 2, (3, 4), TCP, nat_dir::EGRESS);
         let e = NatEntry {
             addr: 9,
             port: 61_000u16.to_be(),

@@ -238,6 +238,21 @@ pub struct HostPortTarget {
     pub _pad: [u8; 2],
 }
 
+impl NatKey {
+    /// A key; `dir` is one of [`nat_dir`].
+    pub const fn new(src: u32, dst: u32, (sport, dport): (u16, u16), proto: u8, dir: u8) -> Self {
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+}
+
 /// Slots of the `NAT_STATS` map.
 pub mod nat_stat {
     /// Entries the datapath created in `NAT` (ever). With the collector's
