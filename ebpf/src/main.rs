@@ -17,6 +17,7 @@
 //! | [`fib`] | next-hop lookup and transmit |
 //! | [`icmp`] | fragmentation-needed answers |
 //! | [`nat`] | masquerade on rivet's own connection tracking |
+//! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
 #![no_std]
 #![no_main]
 
@@ -33,6 +34,7 @@ mod maps;
 mod nat;
 mod packet;
 mod remote;
+mod tcp_ts;
 mod verdict;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};

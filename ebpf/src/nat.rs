@@ -29,7 +29,7 @@ use crate::{
     ipv4,
     maps::{self, NAT},
     packet::ptr_at,
-    verdict,
+    tcp_ts, verdict,
 };
 
 const ICMP_ECHO_REPLY: u8 = 0;
@@ -44,6 +44,10 @@ const TCP_RST: u8 = 0x04;
 /// Refresh `last_seen` at most this often (ns): one write per second, not
 /// one per packet.
 const TOUCH_NS: u64 = 1_000_000_000;
+/// A TCP flow's NAT port may go to a new flow of the same pod this long
+/// (ns) after the flow ended: the closing handshake's last ACK, even over
+/// an intercontinental round trip, has arrived by then.
+const REUSE_NS: u64 = 250_000_000;
 
 /// What an IPv4 packet's header says, read before anything is rewritten.
 #[derive(Clone, Copy)]
@@ -143,7 +147,8 @@ fn parse(ctx: &TcContext, ip: &Ip, reply: bool) -> Option<L4> {
     Some(l4)
 }
 
-/// Records that a packet used `entry` now.
+/// Records that a packet used `entry` now. A packet that adds a flag (a
+/// SYN, FIN or RST) always stamps the time: "closed since" is exact.
 #[inline(always)]
 fn touch(entry: *mut NatEntry, now: u64, flags: u16) {
     // SAFETY: a map value pointer from a successful lookup, valid for the
@@ -151,13 +156,99 @@ fn touch(entry: *mut NatEntry, now: u64, flags: u16) {
     // timestamps and OR flags, so a lost update costs at most a second of
     // idle time or one flag that the next packet sets again.
     unsafe {
-        if now.wrapping_sub((*entry).last_seen) > TOUCH_NS {
+        let new_flag = (*entry).flags & flags != flags;
+        if new_flag || now.wrapping_sub((*entry).last_seen) > TOUCH_NS {
             (*entry).last_seen = now;
         }
-        if (*entry).flags & flags != flags {
+        if new_flag {
             (*entry).flags |= flags;
         }
     }
+}
+
+/// Whether a TCP flow with these per-direction flags has ended: a reset,
+/// or a FIN each way.
+#[inline(always)]
+const fn closed(out: u16, back: u16) -> bool {
+    (out | back) & nat_flags::RST != 0 || out & back & nat_flags::FIN != 0
+}
+
+/// A new SYN on an ended flow's tuple (the pod reusing its port, as
+/// `tcp_tw_reuse` does) starts the flow afresh, as conntrack reopens a
+/// TIME_WAIT entry: both directions forget the old flags (so the port is
+/// not handed to another flow while this one runs) and take the new
+/// connection's timestamp delta.
+#[inline(always)]
+fn reopen(entry: *mut NatEntry, key: &NatKey, node_ip: u32, now: u64, ts_delta: u32) {
+    // SAFETY: as in `touch`.
+    let port = unsafe {
+        if (*entry).flags & (nat_flags::FIN | nat_flags::RST) == 0 {
+            return;
+        }
+        (*entry).flags = nat_flags::SYN;
+        (*entry).last_seen = now;
+        (*entry).ts_delta = ts_delta;
+        (*entry).port
+    };
+    let rkey = NatKey::new(
+        key.dst,
+        node_ip,
+        (key.dport, port),
+        key.proto,
+        nat_dir::REPLY,
+    );
+    if let Some(back) = NAT.get_ptr_mut(rkey) {
+        // SAFETY: as in `touch`.
+        unsafe {
+            (*back).flags = 0;
+            (*back).last_seen = now;
+            (*back).ts_delta = ts_delta;
+        }
+    }
+}
+
+/// Takes over the reply tuple `rkey` for the new flow `key` (its reply
+/// entry `back`) if the flow holding it is a TCP flow that ended at least
+/// `REUSE_NS` ago — what conntrack does when a SYN meets a TIME_WAIT
+/// tuple. The server's TIME_WAIT socket accepts the new SYN because the
+/// timestamps it sees on the tuple come from the node's one clock
+/// ([`tcp_ts`]). Returns how many entries were replaced or removed.
+#[inline(always)]
+fn take_over(rkey: &NatKey, key: &NatKey, back: &NatEntry, now: u64) -> Option<u64> {
+    if key.proto != IPPROTO_TCP {
+        return None;
+    }
+    let old = NAT.get_ptr(rkey)?;
+    // SAFETY: a map value pointer from a successful lookup; plain copies.
+    let (pod, pod_port, back_flags, back_seen) =
+        unsafe { ((*old).addr, (*old).port, (*old).flags, (*old).last_seen) };
+    let okey = NatKey::new(
+        pod,
+        key.dst,
+        (pod_port, key.dport),
+        key.proto,
+        nat_dir::EGRESS,
+    );
+    // SAFETY: as above.
+    let out = NAT
+        .get_ptr(okey)
+        .map(|e| unsafe { ((*e).flags, (*e).last_seen) });
+    let (out_flags, out_seen) = out.unwrap_or((0, 0));
+    if !closed(out_flags, back_flags)
+        || now.wrapping_sub(if out_seen > back_seen {
+            out_seen
+        } else {
+            back_seen
+        }) < REUSE_NS
+    {
+        return None;
+    }
+    let mut replaced = 1;
+    if out.is_some() && NAT.remove(okey).is_ok() {
+        replaced += 1;
+    }
+    NAT.insert(rkey, *back, u64::from(BPF_ANY)).ok()?;
+    Some(replaced)
 }
 
 /// Rewrites one address and one port with incremental checksum updates
@@ -240,7 +331,7 @@ fn allocate(
     node_ip: u32,
     nat: &NatConfig,
     now: u64,
-    flags: u16,
+    (flags, ts_delta): (u16, u32),
 ) -> Result<u16, Counter> {
     let (min, max) = (u32::from(nat.port_min), u32::from(nat.port_max));
     // SAFETY: plain helper call.
@@ -250,23 +341,34 @@ fn allocate(
         port: key.sport,
         flags: 0,
         last_seen: now,
+        ts_delta,
+        _pad: 0,
     };
     let mut rkey = NatKey::new(key.dst, node_ip, (key.dport, 0), key.proto, nat_dir::REPLY);
     for _ in 0..NAT_PROBES {
         let wire = (port as u16).to_be();
         rkey.dport = wire;
-        if NAT.insert(rkey, back, u64::from(BPF_NOEXIST)).is_ok() {
+        let replaced = if NAT.insert(rkey, back, u64::from(BPF_NOEXIST)).is_ok() {
+            Some(0)
+        } else {
+            take_over(&rkey, key, &back, now)
+        };
+        if let Some(replaced) = replaced {
             let out = NatEntry {
                 addr: node_ip,
                 port: wire,
                 flags,
                 last_seen: now,
+                ts_delta,
+                _pad: 0,
             };
             if NAT.insert(key, out, u64::from(BPF_ANY)).is_err() {
                 let _ = NAT.remove(rkey);
                 return Err(Counter::DropNatInsertFailed);
             }
-            maps::nat_created(2);
+            if replaced < 2 {
+                maps::nat_created(2 - replaced);
+            }
             return Ok(wire);
         }
         port = if port >= max { min } else { port + 1 };
@@ -301,14 +403,31 @@ pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i3
     );
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let port = match NAT.get_ptr_mut(key) {
-        Some(entry) => {
-            touch(entry, now, l4.flags);
-            // SAFETY: as in `touch`; the port of an entry never changes.
-            unsafe { (*entry).port }
+    let ts = if ip.proto == IPPROTO_TCP {
+        tcp_ts::find(ctx, l4.off)
+    } else {
+        None
+    };
+    // A connection's first SYN fixes its timestamp delta: from the pod's
+    // clock to the node's.
+    let syn_delta = match ts {
+        Some(off) if l4.flags & nat_flags::SYN != 0 => {
+            tcp_ts::read(ctx, off).map_or(0, |tsval| node_clock(nat, now).wrapping_sub(tsval))
         }
-        None => match allocate(&key, cfg.node_ip, nat, now, l4.flags) {
-            Ok(port) => port,
+        _ => 0,
+    };
+    let (port, ts_delta) = match NAT.get_ptr_mut(key) {
+        Some(entry) => {
+            if l4.flags & nat_flags::SYN != 0 {
+                reopen(entry, &key, cfg.node_ip, now, syn_delta);
+            }
+            touch(entry, now, l4.flags);
+            // SAFETY: as in `touch`; the port of an entry never changes,
+            // its delta only when the flow reopens (this CPU, above).
+            unsafe { ((*entry).port, (*entry).ts_delta) }
+        }
+        None => match allocate(&key, cfg.node_ip, nat, now, (l4.flags, syn_delta)) {
+            Ok(port) => (port, syn_delta),
             Err(reason) => return verdict::drop(ctx, reason),
         },
     };
@@ -320,6 +439,11 @@ pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i3
     }
     if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, cfg.node_ip), (l4.sport, port)) {
         return verdict::drop(ctx, reason);
+    }
+    if let (Some(off), true) = (ts, ts_delta != 0)
+        && tcp_ts::shift(ctx, off, l4.csum_off(), ts_delta).is_err()
+    {
+        return verdict::drop(ctx, Counter::DropNatRewrite);
     }
     match fib::lookup(ctx, cfg.node_ip, ip.dst, cfg.uplink_ifindex) {
         Some(hop) => verdict::transmit(ctx, &hop, Counter::FwdSnat),
@@ -366,15 +490,28 @@ pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Rep
         l4.flags | nat_flags::SEEN,
     );
     // SAFETY: as in `touch`; address and port of an entry never change.
-    let (pod_ip, pod_port) = unsafe { ((*entry).addr, (*entry).port) };
+    let (pod_ip, pod_port, ts_delta) = unsafe { ((*entry).addr, (*entry).port, (*entry).ts_delta) };
     let Some(ep) = maps::endpoint(pod_ip) else {
         return Reply::Done(verdict::pass(ctx, Counter::PassNatNoState));
     };
     let ep = *ep;
-    match rewrite(ctx, &l4, true, (cfg.node_ip, pod_ip), (l4.dport, pod_port)) {
-        Ok(()) => Reply::Deliver(ep),
-        Err(reason) => Reply::Done(verdict::drop(ctx, reason)),
+    if let Err(reason) = rewrite(ctx, &l4, true, (cfg.node_ip, pod_ip), (l4.dport, pod_port)) {
+        return Reply::Done(verdict::drop(ctx, reason));
     }
+    // The echoed timestamp goes back to the pod's clock.
+    if ts_delta != 0
+        && let Some(off) = tcp_ts::find(ctx, l4.off)
+        && tcp_ts::shift(ctx, off + 4, l4.csum_off(), ts_delta.wrapping_neg()).is_err()
+    {
+        return Reply::Done(verdict::drop(ctx, Counter::DropNatRewrite));
+    }
+    Reply::Deliver(ep)
+}
+
+/// The node's TCP timestamp clock (ms) for masqueraded flows.
+#[inline(always)]
+fn node_clock(nat: &NatConfig, now_ns: u64) -> u32 {
+    ((now_ns / 1_000_000) as u32).wrapping_add(nat.ts_base)
 }
 
 /// Who sent a packet that may hit a hostPort.
@@ -420,13 +557,27 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     match NAT.get_ptr_mut(key) {
-        Some(entry) => touch(entry, now, l4.flags),
+        Some(entry) => {
+            // The client reusing its port (TIME_WAIT reuse): a new
+            // connection, not the end of the old one.
+            // SAFETY: as in `touch`.
+            unsafe {
+                if l4.flags & nat_flags::SYN != 0
+                    && (*entry).flags & (nat_flags::FIN | nat_flags::FIN_POD | nat_flags::RST) != 0
+                {
+                    (*entry).flags = 0;
+                }
+            }
+            touch(entry, now, l4.flags)
+        }
         None => {
             let entry = NatEntry {
                 addr: ip.dst,
                 port: l4.dport,
                 flags: l4.flags,
                 last_seen: now,
+                ts_delta: 0,
+                _pad: 0,
             };
             if NAT.insert(key, entry, u64::from(BPF_ANY)).is_err() {
                 return Reply::Done(verdict::drop(ctx, Counter::DropNatInsertFailed));
@@ -468,11 +619,14 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
         nat_dir::DNAT,
     );
     let entry = NAT.get_ptr_mut(key)?;
+    // One entry serves both directions: the pod's FIN has its own bit.
+    let flags = (l4.flags & !nat_flags::FIN)
+        | (u16::from(l4.flags & nat_flags::FIN != 0) * nat_flags::FIN_POD);
     // SAFETY: plain helper call.
     touch(
         entry,
         unsafe { bpf_ktime_get_ns() },
-        l4.flags | nat_flags::SEEN,
+        flags | nat_flags::SEEN,
     );
     if ttl <= 1 {
         return Some(verdict::pass(ctx, Counter::PassTtl));

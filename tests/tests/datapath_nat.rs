@@ -3,7 +3,8 @@
 //! full recompute), the next packet of the flow the same port, the reply is
 //! translated back to the pod, an exhausted range and untranslatable
 //! packets are dropped unchanged with their reason, the map holds exactly
-//! the flow's two entries.
+//! the flow's two entries, an ended TCP flow's port goes to the same pod's
+//! next connection (only).
 
 use std::net::Ipv4Addr;
 
@@ -25,12 +26,26 @@ fn be16(b: &[u8]) -> u16 {
 
 /// A TCP segment (20-byte header, no options) with a correct checksum.
 fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+    tcp_with_options(src, dst, (sport, dport), flags, &[], payload)
+}
+
+/// A TCP segment with `options` (a multiple of 4 bytes).
+fn tcp_with_options(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    (sport, dport): (u16, u16),
+    flags: u8,
+    options: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    let doff = (20 + options.len()) / 4;
     let mut seg = Vec::new();
     seg.extend_from_slice(&sport.to_be_bytes());
     seg.extend_from_slice(&dport.to_be_bytes());
     seg.extend_from_slice(&1000u32.to_be_bytes());
     seg.extend_from_slice(&0u32.to_be_bytes());
-    seg.extend_from_slice(&[5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    seg.extend_from_slice(&[(doff as u8) << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    seg.extend_from_slice(options);
     seg.extend_from_slice(payload);
     let sum = checksum(&[pseudo(src, dst, 6, seg.len()), seg.clone()].concat());
     seg[16..18].copy_from_slice(&sum.to_be_bytes());
@@ -68,6 +83,7 @@ fn enable_nat(h: &mut Harness, port_min: u16, port_max: u16) {
             flags: nat_config_flags::MASQUERADE,
             port_min,
             port_max,
+            ts_base: 0x1234_5678,
         },
         0,
     )
@@ -387,6 +403,172 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
             a.host_ifindex,
             TC_ACT_OK,
             Counter::PassOther,
+        );
+    });
+}
+
+/// A server's segment to the node's NAT port, at the uplink.
+fn server_frame(h: &Harness, nat_port: u16, flags: u8) -> Vec<u8> {
+    let ip = Ipv4 {
+        protocol: 6,
+        payload: tcp(OUTSIDE, NODE_IP, 443, nat_port, flags, b""),
+        ..Ipv4::new(OUTSIDE, NODE_IP)
+    };
+    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+}
+
+/// Sends a pod's TCP segment and expects `counter`; returns the NAT port
+/// when it was translated.
+fn pod_segment(h: &Harness, pod: PodSide, sport: u16, flags: u8, counter: Counter) -> u16 {
+    let verdict = if counter == Counter::FwdSnat {
+        TC_ACT_REDIRECT
+    } else {
+        TC_ACT_SHOT
+    };
+    let out = h.expect(
+        program_names::FROM_POD,
+        &tcp_frame(h, pod, sport, flags),
+        pod.host_ifindex,
+        verdict,
+        counter,
+    );
+    be16(&out[34..36])
+}
+
+#[test]
+fn ended_flow_port_goes_to_the_same_pods_next_flow() {
+    with_harness(|h| {
+        // One port: every flow toward the server competes for it.
+        enable_nat(h, 61_000, 61_000);
+        let (a, b) = (h.a, h.b);
+        let port = pod_segment(h, a, 40_001, 0x02, Counter::FwdSnat);
+        assert_eq!(port, 61_000);
+        pod_segment(h, a, 40_002, 0x02, Counter::DropNatNoPort);
+        // The flow ends: FIN from the server, FIN from the pod.
+        h.expect(
+            program_names::FROM_UPLINK,
+            &server_frame(h, port, 0x11),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        pod_segment(h, a, 40_001, 0x11, Counter::FwdSnat);
+        // Not at once: the closing handshake's last ACK is still due.
+        pod_segment(h, a, 40_002, 0x02, Counter::DropNatNoPort);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Then the next connection (here another pod's) takes it over.
+        assert_eq!(pod_segment(h, b, 40_002, 0x02, Counter::FwdSnat), port);
+        let entries = nat_entries(h);
+        assert_eq!(entries.len(), 2, "the ended flow's entries are gone");
+        let back = entries
+            .iter()
+            .find(|(k, _)| k.dir == nat_dir::REPLY)
+            .expect("reply entry");
+        assert_eq!(back.1.port, 40_002u16.to_be(), "replies go to the new flow");
+        assert!(
+            !entries
+                .iter()
+                .any(|(k, _)| k.dir == nat_dir::EGRESS && k.sport == 40_001u16.to_be()),
+            "the ended flow's egress entry is removed"
+        );
+        let reply = h.expect(
+            program_names::FROM_UPLINK,
+            &server_frame(h, port, 0x12),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(be16(&reply[36..38]), 40_002);
+
+        assert_eq!(&reply[30..34], &b.ip.octets());
+        // A reset ends a flow too; a new SYN on the same tuple (the pod
+        // reusing its port) reopens it, and then the port is busy again.
+        pod_segment(h, b, 40_002, 0x04, Counter::FwdSnat);
+        assert_eq!(pod_segment(h, b, 40_002, 0x02, Counter::FwdSnat), port);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        pod_segment(h, a, 40_003, 0x02, Counter::DropNatNoPort);
+    });
+}
+
+/// A pod's segment with a timestamp option, translated: (frame out, TSval
+/// out). `syn`: Linux's SYN layout (MSS, SACK-permitted + timestamp, window
+/// scale), else the NOP NOP timestamp of later segments.
+fn pod_segment_ts(h: &Harness, pod: PodSide, sport: u16, syn: bool, tsval: u32) -> (Vec<u8>, u32) {
+    let ts = [tsval.to_be_bytes(), 0u32.to_be_bytes()].concat();
+    let (options, flags, at) = if syn {
+        (
+            [&[2, 4, 5, 180, 4, 2, 8, 10][..], &ts, &[1, 3, 3, 7]].concat(),
+            0x02,
+            28,
+        )
+    } else {
+        ([&[1, 1, 8, 10][..], &ts].concat(), 0x10, 24)
+    };
+    let ip = Ipv4 {
+        protocol: 6,
+        payload: tcp_with_options(pod.ip, OUTSIDE, (sport, 443), flags, &options, b"x"),
+        ..Ipv4::new(pod.ip, OUTSIDE)
+    };
+    let out = h.expect(
+        program_names::FROM_POD,
+        &h.ip_frame(pod, &ip),
+        pod.host_ifindex,
+        TC_ACT_REDIRECT,
+        Counter::FwdSnat,
+    );
+    assert!(ipv4_checksum_ok(&out, 14));
+    assert!(l4_checksum_ok(&out, 14), "TCP checksum after the timestamp");
+    let tsval = u32::from_be_bytes(out[34 + at..38 + at].try_into().expect("4 bytes"));
+    (out, tsval)
+}
+
+#[test]
+fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
+    with_harness(|h| {
+        enable_nat(h, 61_000, 61_099);
+        let (a, b) = (h.a, h.b);
+        // Two connections whose own clocks are far apart (Linux gives each
+        // a random offset): the server sees one clock, rising.
+        let (_, first) = pod_segment_ts(h, a, 40_001, true, 3_000_000_000);
+        let (_, again) = pod_segment_ts(h, a, 40_001, false, 3_000_000_007);
+        assert_eq!(again.wrapping_sub(first), 7, "the flow's own pace is kept");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (_, second) = pod_segment_ts(h, b, 40_002, true, 5);
+        let step = second.wrapping_sub(first) as i32;
+        assert!(
+            (20..2_000).contains(&step),
+            "second connection's TSval {second} vs first {first}: {step} ms"
+        );
+        // The server echoes the first flow's TSval: the pod gets its own.
+        let port = {
+            let (out, _) = pod_segment_ts(h, a, 40_001, false, 3_000_000_009);
+            be16(&out[34..36])
+        };
+        let echo = [
+            &[1, 1, 8, 10][..],
+            &77u32.to_be_bytes(),
+            &again.to_be_bytes(),
+        ]
+        .concat();
+        let reply_ip = Ipv4 {
+            protocol: 6,
+            payload: tcp_with_options(OUTSIDE, NODE_IP, (443, port), 0x10, &echo, b"y"),
+            ..Ipv4::new(OUTSIDE, NODE_IP)
+        };
+        let reply = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &reply_ip.bytes()]);
+        let back = h.expect(
+            program_names::FROM_UPLINK,
+            &reply,
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert!(l4_checksum_ok(&back, 14), "TCP checksum after TSecr");
+        assert_eq!(&back[58..62], &77u32.to_be_bytes(), "server's TSval kept");
+        assert_eq!(
+            &back[62..66],
+            &3_000_000_007u32.to_be_bytes(),
+            "TSecr back on the pod's clock"
         );
     });
 }

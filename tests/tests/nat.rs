@@ -475,6 +475,45 @@ fn nat_flows_survive_agent_restarts() {
     }
 }
 
+/// Ended TCP connections (a FIN each way) leave the table after the
+/// closing timeout, through masquerade and through a hostPort alike, while
+/// open ones stay and keep working; a connection reusing an ended one's
+/// tuple is not collected with it.
+#[test]
+fn ended_connections_leave_the_table_open_ones_stay() {
+    let mut s = setup_with(0, &["--nat-tcp-closing-timeout", "1"]);
+    let target =
+        s.w.add_pod_with_ports(s.n, vec![mapping(8080, 80, rivet_api::Protocol::Tcp)]);
+    echo_server(outside(&s), 7400);
+    echo_server(&s.w.pods[target].ns, 80);
+    let to_outside = SocketAddr::from((s.outside_ip, 7400));
+    let to_hostport = SocketAddr::from((s.w.nodes[s.n].ip, 8080));
+    let pod_ns = &s.w.pods[target].ns;
+    let mut snat = connect(pod_ns, to_outside, Duration::from_secs(5)).expect("pod → outside");
+    let mut dnat = connect(outside(&s), to_hostport, Duration::from_secs(5)).expect("hostPort");
+    for i in 0..20 {
+        let mut c = connect(pod_ns, to_outside, Duration::from_secs(5)).expect("short snat");
+        exchange(&mut c, &format!("short snat {i}"));
+        let mut c = connect(outside(&s), to_hostport, Duration::from_secs(5)).expect("short dnat");
+        exchange(&mut c, &format!("short dnat {i}"));
+    }
+    // Established flows have an hour; only the ended ones may go.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let st = nat_status(&s.w, s.n);
+        if st.entries == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ended connections still in the table: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    exchange(&mut snat, "still open/snat");
+    exchange(&mut dnat, "still open/dnat");
+}
+
 /// A NAT table too small for the load (64 entries, 60 flows): the LRU
 /// recycles the least recently used flows, the collector finds and counts
 /// the broken pairs, the table never exceeds its size, and new flows still

@@ -489,6 +489,7 @@ impl Agent {
         let timeouts = crate::nat::Timeouts {
             tcp: self.cfg.nat.tcp_timeout,
             udp: self.cfg.nat.udp_timeout,
+            closing: self.cfg.nat.tcp_closing_timeout,
         };
         let pin =
             crate::pins::PinLayout::new(self.cfg.pin_dir.clone()).map(rivet_common::map_names::NAT);

@@ -48,6 +48,9 @@ pub struct NatSettings {
     pub tcp_timeout: u64,
     /// Idle timeout of a UDP flow, seconds.
     pub udp_timeout: u64,
+    /// How long a TCP flow stays after it ended (a FIN each way, or a
+    /// reset), seconds.
+    pub tcp_closing_timeout: u64,
     /// Seconds between two garbage collections of the NAT table.
     pub gc_interval: u64,
     /// Capacity of the NAT table (entries; a masqueraded flow takes two, a
@@ -201,6 +204,8 @@ pub struct FileConfig {
     pub nat_tcp_timeout: Option<u64>,
     /// Idle timeout of UDP flows through NAT, seconds.
     pub nat_udp_timeout: Option<u64>,
+    /// How long an ended TCP flow stays in the NAT table, seconds.
+    pub nat_tcp_closing_timeout: Option<u64>,
     /// Seconds between NAT table garbage collections.
     pub nat_gc_interval: Option<u64>,
     /// Capacity of the NAT table, entries.
@@ -259,6 +264,9 @@ impl FileConfig {
             no_masquerade: other.no_masquerade.or(self.no_masquerade),
             nat_tcp_timeout: other.nat_tcp_timeout.or(self.nat_tcp_timeout),
             nat_udp_timeout: other.nat_udp_timeout.or(self.nat_udp_timeout),
+            nat_tcp_closing_timeout: other
+                .nat_tcp_closing_timeout
+                .or(self.nat_tcp_closing_timeout),
             nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
             nat_max_entries: other.nat_max_entries.or(self.nat_max_entries),
         }
@@ -351,6 +359,7 @@ fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings,
         no_masquerade,
         tcp_timeout: seconds("nat_tcp_timeout", file.nat_tcp_timeout, 3600)?,
         udp_timeout: seconds("nat_udp_timeout", file.nat_udp_timeout, 60)?,
+        tcp_closing_timeout: seconds("nat_tcp_closing_timeout", file.nat_tcp_closing_timeout, 10)?,
         gc_interval: seconds("nat_gc_interval", file.nat_gc_interval, 10)?,
         max_entries: match file.nat_max_entries.unwrap_or(rivet_common::NAT_MAX) {
             n @ 16..=16_777_216 => n,

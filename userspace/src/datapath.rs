@@ -658,8 +658,10 @@ impl Datapath {
         array.set(0, config, 0).map_err(map_err(name))
     }
 
-    /// Writes the masquerade settings.
-    pub fn write_nat_config(&mut self, config: NatConfig) -> Result<(), DatapathError> {
+    /// Writes the masquerade settings. The timestamp base a previous run
+    /// chose (pinned map) is kept: flows already translated depend on it;
+    /// the first run draws one at random.
+    pub fn write_nat_config(&mut self, mut config: NatConfig) -> Result<(), DatapathError> {
         let name = map_names::NAT_CONFIG;
         let map = self
             .ebpf
@@ -667,6 +669,12 @@ impl Datapath {
             .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
         let mut array: Array<&mut MapData, NatConfig> =
             Array::try_from(map).map_err(map_err(name))?;
+        let previous = array.get(&0, 0).map_err(map_err(name))?.ts_base;
+        config.ts_base = if previous != 0 {
+            previous
+        } else {
+            random_u32() | 1
+        };
         array.set(0, config, 0).map_err(map_err(name))
     }
 
@@ -971,4 +979,10 @@ pub fn unload(layout: &PinLayout) -> Result<(), DatapathError> {
         let _ = std::fs::remove_dir(parent);
     }
     Ok(())
+}
+
+/// A random number from the standard library's per-process hash keys.
+fn random_u32() -> u32 {
+    use std::hash::{BuildHasher as _, RandomState};
+    RandomState::new().hash_one(std::process::id()) as u32
 }

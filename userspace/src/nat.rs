@@ -22,8 +22,6 @@ const TCP: u8 = 6;
 const UDP: u8 = 17;
 /// A TCP flow that never saw a reply.
 const TCP_SYN_TIMEOUT_S: u64 = 60;
-/// A TCP flow after RST, or FIN both ways.
-const TCP_CLOSING_TIMEOUT_S: u64 = 10;
 /// An ICMP echo flow.
 const ICMP_TIMEOUT_S: u64 = 30;
 /// Entries younger than this are never called orphans: the datapath writes
@@ -69,6 +67,7 @@ pub fn datapath_config(s: &NatSettings) -> NatConfig {
         },
         port_min: s.port_min,
         port_max: s.port_max,
+        ts_base: 0,
     }
 }
 
@@ -109,6 +108,8 @@ pub struct Timeouts {
     pub tcp: u64,
     /// UDP, seconds.
     pub udp: u64,
+    /// Ended TCP (a FIN each way, or a reset), seconds.
+    pub closing: u64,
 }
 
 /// The table's state after a collection (settings filled in by the agent).
@@ -122,7 +123,7 @@ pub fn reply_key(k: &NatKey, e: &NatEntry) -> NatKey {
 /// How long a flow may stay idle.
 fn timeout_ns(proto: u8, flags: u16, replied: bool, t: Timeouts) -> u64 {
     let secs = match proto {
-        TCP if flags & nat_flags::RST != 0 => TCP_CLOSING_TIMEOUT_S,
+        TCP if flags & nat_flags::RST != 0 => t.closing,
         TCP if replied => t.tcp,
         TCP => TCP_SYN_TIMEOUT_S,
         UDP => t.udp,
@@ -216,7 +217,7 @@ impl Collector {
             let both_fin = e.flags & r.flags & nat_flags::FIN != 0;
             let replied = r.flags & nat_flags::SEEN != 0;
             let limit = if both_fin && k.proto == TCP {
-                TCP_CLOSING_TIMEOUT_S * 1_000_000_000
+                self.timeouts.closing.saturating_mul(1_000_000_000)
             } else {
                 timeout_ns(k.proto, flags, replied, self.timeouts)
             };
@@ -229,9 +230,14 @@ impl Collector {
         // hostPort connections: one entry each, refreshed both ways.
         for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::DNAT) {
             let replied = e.flags & nat_flags::SEEN != 0;
-            if now.saturating_sub(e.last_seen)
-                > timeout_ns(k.proto, e.flags, replied, self.timeouts)
-            {
+            let both_fin = e.flags & (nat_flags::FIN | nat_flags::FIN_POD)
+                == nat_flags::FIN | nat_flags::FIN_POD;
+            let limit = if both_fin && k.proto == TCP {
+                self.timeouts.closing.saturating_mul(1_000_000_000)
+            } else {
+                timeout_ns(k.proto, e.flags, replied, self.timeouts)
+            };
+            if now.saturating_sub(e.last_seen) > limit {
                 doomed.push(*k);
                 expired += 1;
             }
@@ -299,7 +305,11 @@ mod tests {
     fn port_ranges_and_timeouts() {
         assert_eq!(parse_range("32768\t60999\n"), Some(32768..=60999));
         assert_eq!(parse_range("x"), None);
-        let t = Timeouts { tcp: 100, udp: 5 };
+        let t = Timeouts {
+            tcp: 100,
+            udp: 5,
+            closing: 10,
+        };
         assert_eq!(timeout_ns(TCP, 0, false, t), 60_000_000_000);
         assert_eq!(timeout_ns(TCP, 0, true, t), 100_000_000_000);
         assert_eq!(timeout_ns(TCP, nat_flags::RST, true, t), 10_000_000_000);
@@ -315,6 +325,7 @@ mod tests {
             port: 61_000u16.to_be(),
             flags: 0,
             last_seen: 0,
+            ..NatEntry::default()
         };
         let r = reply_key(&k, &e);
         assert_eq!(

@@ -285,8 +285,14 @@ pub struct NatEntry {
     /// [`nat_flags`] seen in this direction.
     pub flags: u16,
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the last packet, refreshed
-    /// at most once a second.
+    /// at most once a second (at once when a TCP flag is new).
     pub last_seen: u64,
+    /// TCP timestamps of a masqueraded flow (both entries): added to the
+    /// pod's TSval going out, taken from the TSecr coming back, so the
+    /// remote sees the node's one clock (see [`NatConfig::ts_base`]).
+    pub ts_delta: u32,
+    /// Zero.
+    pub _pad: u32,
 }
 
 /// Bits of [`NatEntry::flags`].
@@ -300,6 +306,9 @@ pub mod nat_flags {
     /// A packet went this way after the flow was created (on the reply
     /// entry: the flow was answered).
     pub const SEEN: u16 = 8;
+    /// A TCP FIN from the pod (hostPort entries, which serve both
+    /// directions: `FIN` is the client's).
+    pub const FIN_POD: u16 = 16;
 }
 
 /// Masquerade settings; one entry at index 0.
@@ -312,6 +321,13 @@ pub struct NatConfig {
     pub port_min: u16,
     /// Last source port (host order), inclusive.
     pub port_max: u16,
+    /// The node's TCP timestamp clock for masqueraded flows: milliseconds
+    /// of CLOCK_MONOTONIC plus this random base (kept across restarts). A
+    /// remote server then sees timestamps that only grow on every NAT
+    /// tuple, whichever pod used it before, so its TIME_WAIT socket
+    /// accepts the next connection's SYN (PAWS) — Linux gives every
+    /// connection its own random offset.
+    pub ts_base: u32,
 }
 
 /// Bits of [`NatConfig::flags`].
@@ -586,8 +602,8 @@ const _: () = assert!(core::mem::size_of::<RouteInfo>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
 const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
-const _: () = assert!(core::mem::size_of::<NatEntry>() == 16);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 12);
 const _: () = assert!(core::mem::size_of::<HostPortKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
 

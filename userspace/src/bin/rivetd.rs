@@ -91,6 +91,9 @@ struct Cli {
     /// Idle timeout of UDP flows through NAT, seconds.
     #[arg(long)]
     nat_udp_timeout: Option<u64>,
+    /// How long an ended TCP flow stays in the NAT table, seconds.
+    #[arg(long)]
+    nat_tcp_closing_timeout: Option<u64>,
     /// Seconds between NAT table garbage collections.
     #[arg(long)]
     nat_gc_interval: Option<u64>,
@@ -146,6 +149,7 @@ impl Cli {
             no_masquerade: self.no_masquerade.clone(),
             nat_tcp_timeout: self.nat_tcp_timeout,
             nat_udp_timeout: self.nat_udp_timeout,
+            nat_tcp_closing_timeout: self.nat_tcp_closing_timeout,
             nat_gc_interval: self.nat_gc_interval,
             nat_max_entries: self.nat_max_entries,
         }))
