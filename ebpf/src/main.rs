@@ -18,6 +18,7 @@
 //! | [`icmp`] | fragmentation-needed answers |
 //! | [`nat`] | masquerade on rivet's own connection tracking |
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
+//! | [`sock`] | hostPorts for the node's own sockets (cgroup hooks) |
 #![no_std]
 #![no_main]
 
@@ -34,10 +35,14 @@ mod maps;
 mod nat;
 mod packet;
 mod remote;
+mod sock;
 mod tcp_ts;
 mod verdict;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
+};
 
 /// TC ingress on a pod's host-side veth: every packet the pod sends.
 #[classifier]
@@ -56,6 +61,30 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn from_host(ctx: TcContext) -> i32 {
     from_host::handle(&ctx)
+}
+
+/// cgroup connect4: the node's sockets connecting to a hostPort.
+#[cgroup_sock_addr(connect4)]
+pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx)
+}
+
+/// cgroup sendmsg4: the node's UDP datagrams to a hostPort.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx)
+}
+
+/// cgroup recvmsg4: answers show the hostPort address.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx)
+}
+
+/// cgroup getpeername4: peers show the hostPort address.
+#[cgroup_sock_addr(getpeername4)]
+pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx)
 }
 
 #[cfg(not(test))]

@@ -8,7 +8,8 @@ use aya_ebpf::{
 use rivet_common::{
     COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, HOSTPORTS_MAX, HostPortKey,
     HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NodeConfig,
-    PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, StatsEntry, nat_config_flags,
+    PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey,
+    SockRevTarget, StatsEntry, nat_config_flags,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -53,6 +54,16 @@ pub static NO_MASQ: LpmTrie<u32, u32> = LpmTrie::with_max_entries(NO_MASQ_MAX, 0
 #[map]
 pub static HOSTPORTS: HashMap<HostPortKey, HostPortTarget> =
     HashMap::with_max_entries(HOSTPORTS_MAX, 0);
+
+/// The socket hooks' settings at index 0.
+#[map]
+pub static SOCK_CONFIG: Array<SockConfig> = Array::with_max_entries(1, 0);
+
+/// Sockets of the node sent to a pod instead of a hostPort: what they
+/// asked for (LRU: entries of closed sockets age out).
+#[map]
+pub static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevTarget> =
+    LruHashMap::with_max_entries(SOCK_REVNAT_MAX, 0);
 
 /// The hostPort target for `port`/`proto` on the node address `addr` (a
 /// mapping for that address first, then one for every address).

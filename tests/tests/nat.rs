@@ -315,6 +315,22 @@ fn peer_echo_server(ns: &Netns, port: u16) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// A DNS-like UDP server in `ns` on `port`: answers each datagram with its
+/// payload followed by the sender's address.
+fn udp_peer_echo(ns: &Netns, port: u16) {
+    let udp = ns
+        .exec(move || UdpSocket::bind(("0.0.0.0", port)))
+        .expect("bind udp");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = udp.recv_from(&mut buf) {
+            let mut answer = buf[..n].to_vec();
+            answer.extend_from_slice(from.to_string().as_bytes());
+            let _ = udp.send_to(&answer, from);
+        }
+    });
+}
+
 /// What a TCP client in `ns` gets from `dst`: the peer address the server
 /// saw, or the connect error.
 fn ask(ns: &Netns, dst: SocketAddr) -> Result<String, String> {
@@ -342,18 +358,7 @@ fn hostports_reach_the_pod_from_everywhere() {
     let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
     let (n1_ip, n2_ip) = (w.nodes[n1].ip, w.nodes[n2].ip);
     let _server = peer_echo_server(&w.pods[target].ns, 80);
-    let udp = w.pods[target]
-        .ns
-        .exec(|| UdpSocket::bind(("0.0.0.0", 53)))
-        .expect("bind udp 53");
-    let _udp_echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        while let Ok((n, from)) = udp.recv_from(&mut buf) {
-            let mut answer = buf[..n].to_vec();
-            answer.extend_from_slice(from.to_string().as_bytes());
-            let _ = udp.send_to(&answer, from);
-        }
-    });
+    udp_peer_echo(&w.pods[target].ns, 53);
     let hostport = SocketAddr::from((n1_ip, 8080));
     let out = w.outside.as_ref().expect("outside");
 
@@ -408,6 +413,122 @@ fn hostports_reach_the_pod_from_everywhere() {
     assert!(w.del_pod(target));
     assert!(ask(out, hostport).is_err(), "hostPort gone after DEL");
     assert_no_nat_rules(&w.nodes[n1].ns);
+}
+
+/// The node's own sockets reach a hostPort on 127.0.0.1 and on the node
+/// address (cgroup socket hooks: no `route_localnet`, no NAT on the wire),
+/// TCP and UDP, connected or not; the application sees the address it
+/// used as the peer; the pod sees the node's address; other namespaces
+/// are untouched; after DEL the port is gone.
+#[test]
+fn the_nodes_own_sockets_reach_hostports() {
+    use rivet_api::Protocol::{Tcp, Udp};
+    let mut s = setup(0);
+    let target =
+        s.w.add_pod_with_ports(s.n, vec![mapping(8080, 80, Tcp), mapping(5353, 53, Udp)]);
+    let _server = peer_echo_server(&s.w.pods[target].ns, 80);
+    udp_peer_echo(&s.w.pods[target].ns, 53);
+    let node_ip = s.w.nodes[s.n].ip;
+    let node = &s.w.nodes[s.n].ns;
+    for addr in [Ipv4Addr::LOCALHOST, node_ip] {
+        let dst = SocketAddr::from((addr, 8080));
+        let seen = ask(node, dst).unwrap_or_else(|e| {
+            panic!(
+                "node → {dst}: {e}; agent log:\n{}",
+                s.w.nodes[s.n].agent().log()
+            )
+        });
+        assert!(
+            seen.starts_with(&format!("{node_ip}:")),
+            "{dst}: the pod saw {seen}"
+        );
+        let stream = connect(node, dst, Duration::from_secs(3)).expect("connect");
+        assert_eq!(stream.peer_addr().expect("peer"), dst, "getpeername");
+
+        let dst = SocketAddr::from((addr, 5353));
+        let sock = node.exec(|| UdpSocket::bind(("0.0.0.0", 0))).expect("udp");
+        sock.set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        sock.send_to(b"q:", dst).expect("send");
+        let mut buf = [0u8; 128];
+        let (n, from) = sock.recv_from(&mut buf).expect("UDP hostPort answer");
+        assert_eq!(from, dst, "the answer shows the address asked");
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(text.starts_with(&format!("q:{node_ip}:")), "{text}");
+        // Connected UDP: the kernel filters answers by the (pod) peer.
+        sock.connect(dst).expect("udp connect");
+        sock.send(b"c:").expect("send connected");
+        let n = sock.recv(&mut buf).expect("connected UDP answer");
+        assert!(buf[..n].starts_with(b"c:"));
+    }
+    // Another namespace's loopback is its own.
+    assert!(ask(outside(&s), SocketAddr::from((Ipv4Addr::LOCALHOST, 8080))).is_err());
+    // The hooks stay attached while the agent is down and are replaced,
+    // not duplicated, when it comes back.
+    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let before = hook_program_ids(&s.w, s.n);
+        let attached = cgroup_attached();
+        assert!(
+            before.len() == 4 && before.iter().all(|id| attached.contains(id)),
+            "four hooks attached: {before:?} in {attached:?}"
+        );
+        s.w.nodes[s.n].agent_mut().stop_with(signal);
+        ask(&s.w.nodes[s.n].ns, localhost).expect("hostPort from the node, agent down");
+        s.w.nodes[s.n].agent_mut().restart();
+        ask(&s.w.nodes[s.n].ns, localhost).expect("hostPort from the node, agent back");
+        let after = hook_program_ids(&s.w, s.n);
+        let attached = cgroup_attached();
+        assert!(
+            after.len() == 4 && after.iter().all(|id| attached.contains(id)),
+            "new hooks attached: {after:?} in {attached:?}"
+        );
+        assert!(
+            before.iter().all(|id| !attached.contains(id)),
+            "old hooks still attached: {before:?} in {attached:?}"
+        );
+    }
+    assert!(s.w.del_pod(target));
+    assert!(
+        ask(
+            &s.w.nodes[s.n].ns,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 8080))
+        )
+        .is_err(),
+        "hostPort gone after DEL"
+    );
+    assert_no_nat_rules(&s.w.nodes[s.n].ns);
+}
+
+/// IDs of the programs attached to the cgroup2 root (every node's).
+fn cgroup_attached() -> Vec<u32> {
+    let cgroup = rivet::sockhooks::cgroup2_root().expect("cgroup2");
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "cgroup", "show"])
+        .arg(&cgroup)
+        .output()
+        .expect("bpftool");
+    let attached: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("bpftool json");
+    attached
+        .iter()
+        .filter_map(|a| a["id"].as_u64().map(|id| id as u32))
+        .collect()
+}
+
+/// IDs of node `n`'s current socket hook programs (pinned).
+fn hook_program_ids(w: &World, n: usize) -> Vec<u32> {
+    rivet_common::program_names::SOCKET_HOOKS
+        .iter()
+        .filter_map(|name| {
+            aya::programs::ProgramInfo::from_pin(w.nodes[n].pin_dir().join("progs").join(name))
+                .ok()
+                .map(|p| p.id())
+        })
+        .collect()
 }
 
 /// An echo server in `ns` on `port` (every connection on its own thread).

@@ -206,6 +206,20 @@ impl Agent {
                 tracing::warn!(interface = %uplink.name, "uplink has no IPv4 address: no cross-node traffic");
             }
         }
+        // The node's own sockets to hostPorts (127.0.0.1, node addresses).
+        let hooks = crate::sockhooks::cgroup2_root().and_then(|cgroup| {
+            let cookie = crate::sockhooks::netns_cookie()?;
+            dp.attach_socket_hooks(&cgroup, cookie)
+                .map(|ids| (cgroup, ids))
+        });
+        match hooks {
+            Ok((cgroup, ids)) => {
+                tracing::info!(cgroup = %cgroup.display(), links = ?ids, "socket hooks attached");
+            }
+            Err(e) => {
+                tracing::warn!(error = ?e, "socket hooks not attached: the node's own sockets cannot reach hostPorts");
+            }
+        }
         let cfg_etcd = cfg.etcd.is_some();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
         cluster.restore(&dp)?;

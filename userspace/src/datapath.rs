@@ -24,8 +24,8 @@ use aya::{
 use ipnet::Ipv4Net;
 use rivet_common::{
     COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, NatConfig,
-    NatEntry, NatKey, NodeConfig, PeerInfo, RouteInfo, StatsEntry, ipv4_from_key, ipv4_key,
-    map_names, program_names,
+    NatEntry, NatKey, NodeConfig, PeerInfo, RouteInfo, SockConfig, SockRevKey, SockRevTarget,
+    StatsEntry, ipv4_from_key, ipv4_key, map_names, program_names,
 };
 
 use crate::{
@@ -108,7 +108,19 @@ pub enum DatapathError {
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 11] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 13] = [
+    (
+        map_names::SOCK_CONFIG,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<SockConfig>(),
+    ),
+    (
+        map_names::SOCK_REVNAT,
+        MapType::LruHash,
+        size_of::<SockRevKey>(),
+        size_of::<SockRevTarget>(),
+    ),
     (
         map_names::NAT_STATS,
         MapType::PerCpuArray,
@@ -345,10 +357,31 @@ impl Datapath {
                 source: Box::new(source),
             })?;
         }
+        crate::sockhooks::load(&mut ebpf, layout)?;
         Ok(Self {
             ebpf,
             layout: layout.clone(),
         })
+    }
+
+    /// Attaches the socket hooks (hostPorts for the node's own sockets) to
+    /// `cgroup`, for sockets of the namespace with `netns_cookie` only.
+    pub fn attach_socket_hooks(
+        &mut self,
+        cgroup: &std::path::Path,
+        netns_cookie: u64,
+    ) -> Result<Vec<u32>, crate::sockhooks::SockHookError> {
+        let name = map_names::SOCK_CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut array: Array<&mut MapData, SockConfig> =
+            Array::try_from(map).map_err(map_err(name))?;
+        array
+            .set(0, SockConfig { netns_cookie }, 0)
+            .map_err(map_err(name))?;
+        crate::sockhooks::attach(&mut self.ebpf, &self.layout, cgroup)
     }
 
     /// The pin layout.

@@ -31,4 +31,5 @@ pub mod netns;
 pub mod nlbatch;
 pub mod node;
 pub mod pins;
+pub mod sockhooks;
 pub mod store;

@@ -164,6 +164,16 @@ impl PinLayout {
         self.progs_dir().join(name)
     }
 
+    /// Directory of the socket hooks' link pins.
+    pub fn hooks_dir(&self) -> PathBuf {
+        self.root.join("hooks")
+    }
+
+    /// Pin path of the link of socket hook `program`.
+    pub fn hook(&self, program: &str) -> PathBuf {
+        self.hooks_dir().join(program)
+    }
+
     /// Pin path of the link on `ifname` at `hook`.
     pub fn link(&self, ifname: &str, hook: Hook) -> PathBuf {
         let escaped = ifname.replace('%', "%25").replace('.', "%2E");
@@ -189,6 +199,7 @@ impl PinLayout {
             self.maps_dir(),
             self.progs_dir(),
             self.links_dir(),
+            self.hooks_dir(),
         ] {
             std::fs::DirBuilder::new()
                 .recursive(true)

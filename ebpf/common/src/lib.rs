@@ -35,9 +35,15 @@ pub mod map_names {
     pub const HOSTPORTS: &str = "HOSTPORTS";
     /// NAT table bookkeeping (per-CPU `u64` by [`crate::nat_stat`] index).
     pub const NAT_STATS: &str = "NAT_STATS";
+    /// The socket hooks' settings, one [`crate::SockConfig`] at index 0.
+    pub const SOCK_CONFIG: &str = "SOCK_CONFIG";
+    /// Sockets of the node that reached a hostPort (LRU):
+    /// [`crate::SockRevKey`] → [`crate::SockRevTarget`], the address the
+    /// application used.
+    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -49,6 +55,8 @@ pub mod map_names {
         NO_MASQ,
         HOSTPORTS,
         NAT_STATS,
+        SOCK_CONFIG,
+        SOCK_REVNAT,
     ];
 }
 
@@ -61,6 +69,24 @@ pub mod program_names {
     /// TC egress on the node's host device (`rivet_host`): the node's own
     /// traffic to pods on other nodes.
     pub const FROM_HOST: &str = "from_host";
+    /// cgroup connect4: the node's own TCP/UDP sockets connecting to a
+    /// hostPort go straight to the pod.
+    pub const SOCK_CONNECT4: &str = "sock_connect4";
+    /// cgroup sendmsg4: the same for unconnected UDP datagrams.
+    pub const SOCK_SENDMSG4: &str = "sock_sendmsg4";
+    /// cgroup recvmsg4: answers to those datagrams show the address the
+    /// application sent to.
+    pub const SOCK_RECVMSG4: &str = "sock_recvmsg4";
+    /// cgroup getpeername4: a connected socket's peer shows as the address
+    /// the application connected to.
+    pub const SOCK_GETPEERNAME4: &str = "sock_getpeername4";
+    /// The socket hooks, in attach order.
+    pub const SOCKET_HOOKS: [&str; 4] = [
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
 }
 
 /// Capacity of the endpoints map (pods per node).
@@ -79,6 +105,8 @@ pub const NAT_MAX: u32 = 131_072;
 pub const NO_MASQ_MAX: u32 = 256;
 /// Capacity of the hostPort map.
 pub const HOSTPORTS_MAX: u32 = 16_384;
+/// Capacity of the socket reverse-translation map.
+pub const SOCK_REVNAT_MAX: u32 = 65_536;
 /// Ports tried, one after the other from a random start, before a new
 /// flow is dropped for want of a source port.
 pub const NAT_PROBES: u32 = 32;
@@ -209,6 +237,44 @@ pub struct NatKey {
     pub dir: u8,
     /// Reserved, zero.
     pub _pad: [u8; 2],
+}
+
+/// Settings of the socket hooks; one entry at index 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockConfig {
+    /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`): the
+    /// hooks are attached to a cgroup shared with other namespaces and
+    /// touch only sockets of this one. 0: off.
+    pub netns_cookie: u64,
+}
+
+/// Key of the socket reverse-translation map: a socket (its cookie) and the
+/// pod address it was sent to instead (wire order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SockRevKey {
+    /// `bpf_get_socket_cookie`.
+    pub cookie: u64,
+    /// The pod's address.
+    pub addr: u32,
+    /// The container port.
+    pub port: u16,
+    /// Reserved, zero.
+    pub _pad: u16,
+}
+
+/// Value of the socket reverse-translation map: what the application asked
+/// for (wire order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockRevTarget {
+    /// Node address or loopback address.
+    pub addr: u32,
+    /// The hostPort.
+    pub port: u16,
+    /// Reserved, zero.
+    pub _pad: u16,
 }
 
 /// Key of the hostPort map: a node address (0: every node address), a
@@ -592,6 +658,12 @@ mod pod {
     unsafe impl aya::Pod for super::HostPortKey {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::HostPortTarget {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SockConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SockRevKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SockRevTarget {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -606,6 +678,9 @@ const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<NatConfig>() == 12);
 const _: () = assert!(core::mem::size_of::<HostPortKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
+const _: () = assert!(core::mem::size_of::<SockConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<SockRevKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SockRevTarget>() == 8);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,168 @@
+//! The node's own sockets to hostPorts: the cgroup socket-address hooks
+//! (`sock_connect4`, `sock_sendmsg4`, `sock_recvmsg4`,
+//! `sock_getpeername4`) loaded with the object, attached to the cgroup2
+//! root beside anyone else's programs (links are multi-attach) and pinned under
+//! `<pin dir>/hooks`. They act only on sockets of the node's network
+//! namespace, whose cookie the agent writes into `SOCK_CONFIG`.
+
+use std::{
+    fs::File,
+    io,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, ProgramError,
+        links::{FdLink, PinnedLink},
+    },
+};
+use rivet_common::program_names::SOCKET_HOOKS;
+
+use crate::{
+    datapath::DatapathError,
+    pins::{PinLayout, remove_file_if_exists},
+};
+
+/// `statfs` magic of cgroup2.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// `SO_NETNS_COOKIE` (Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// Errors of the socket hooks.
+#[derive(Debug, thiserror::Error)]
+pub enum SockHookError {
+    /// No cgroup2 hierarchy to attach to.
+    #[error("no cgroup2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified")]
+    NoCgroup2,
+    /// The cgroup directory could not be opened.
+    #[error("opening cgroup {path}: {source}")]
+    Cgroup {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The namespace cookie could not be read.
+    #[error("reading the network namespace cookie (SO_NETNS_COOKIE): {0}")]
+    NetnsCookie(io::Error),
+    /// Loading, attaching or pinning a hook failed.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+}
+
+/// The cgroup2 root: `/sys/fs/cgroup` on a unified hierarchy,
+/// `/sys/fs/cgroup/unified` on a hybrid one.
+pub fn cgroup2_root() -> Result<PathBuf, SockHookError> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| {
+            nix::sys::statfs::statfs(p.as_path())
+                .is_ok_and(|s| s.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
+        })
+        .ok_or(SockHookError::NoCgroup2)
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn netns_cookie() -> Result<u64, SockHookError> {
+    let sock = std::net::UdpSocket::bind(("127.0.0.1", 0)).map_err(SockHookError::NetnsCookie)?;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket fd and an out-buffer of the size passed.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(SockHookError::NetnsCookie(io::Error::last_os_error()));
+    }
+    Ok(cookie)
+}
+
+fn hook_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut CgroupSockAddr, DatapathError> {
+    let err = |source| DatapathError::Program {
+        name: name.to_owned(),
+        source: Box::new(source),
+    };
+    ebpf.program_mut(name)
+        .ok_or_else(|| err(ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(err)
+}
+
+/// Loads and pins the hooks (with the object).
+pub fn load(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<(), DatapathError> {
+    for name in SOCKET_HOOKS {
+        let prog = hook_mut(ebpf, name)?;
+        prog.load().map_err(|source| DatapathError::Program {
+            name: name.to_owned(),
+            source: Box::new(source),
+        })?;
+        let pin = layout.prog(name);
+        remove_file_if_exists(&pin)?;
+        prog.pin(&pin).map_err(|source| DatapathError::PinObject {
+            path: pin,
+            source: Box::new(source),
+        })?;
+    }
+    Ok(())
+}
+
+/// Attaches every hook to `cgroup`. A previous run's link is replaced
+/// without a gap: the new link is attached first, then the old pin goes
+/// (both run for an instant; they translate alike). Returns the link IDs.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    layout: &PinLayout,
+    cgroup: &Path,
+) -> Result<Vec<u32>, SockHookError> {
+    let dir = File::open(cgroup).map_err(|source| SockHookError::Cgroup {
+        path: cgroup.to_owned(),
+        source,
+    })?;
+    let mut ids = Vec::new();
+    for name in SOCKET_HOOKS {
+        let pin = layout.hook(name);
+        let link_err = |source| DatapathError::Link {
+            path: pin.clone(),
+            source: Box::new(source),
+        };
+        let old = PinnedLink::from_pin(&pin).ok();
+        let prog = hook_mut(ebpf, name)?;
+        let attach_err = |source| DatapathError::Attach {
+            program: name.to_owned(),
+            interface: cgroup.display().to_string(),
+            hook: "cgroup",
+            source: Box::new(source),
+        };
+        // A link (BPF_LINK_CREATE, kernel ≥ 5.7) is always attached
+        // beside others; its flags must be 0, which `Single` gives.
+        let id = prog
+            .attach(&dir, CgroupAttachMode::Single)
+            .map_err(attach_err)?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(attach_err)?
+            .try_into()
+            .map_err(link_err)?;
+        ids.push(link.info().map_err(link_err)?.id());
+        if let Some(old) = old {
+            remove_file_if_exists(&pin).map_err(DatapathError::from)?;
+            // Unpinned and closed: the old link detaches.
+            drop(FdLink::from(old));
+        }
+        link.pin(&pin).map_err(|source| DatapathError::PinObject {
+            path: pin.clone(),
+            source: Box::new(source),
+        })?;
+    }
+    Ok(ids)
+}
