@@ -20,9 +20,10 @@ use rivet_common::{Counter, endpoint_flags};
 use crate::{
     arp,
     headers::{
-        ETH_HLEN, ETH_P_ARP, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr,
+        ETH_HLEN, ETH_P_ARP, ETH_P_IP, EthHdr, IPPROTO_ICMP, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN,
+        Ipv4Hdr,
     },
-    ipv4, maps, nat,
+    ipv4, maps, nat, nat_icmp,
     packet::{addr, ensure_linear, ptr_at},
     remote::{self, Sender},
     verdict,
@@ -83,10 +84,15 @@ pub fn handle(ctx: &TcContext) -> i32 {
     };
     // A pod with hostPorts may be answering a connection that came in
     // through one: its source goes back to the node address and hostPort.
-    if src.flags & endpoint_flags::HOSTPORTS != 0
-        && let Some(v) = nat::hostport_reply(ctx, &cfg, &hdr, ip.ttl)
-    {
-        return v;
+    if src.flags & endpoint_flags::HOSTPORTS != 0 {
+        let answered = if hdr.proto == IPPROTO_ICMP {
+            nat_icmp::hostport_error_out(ctx, &cfg, &hdr, ip.ttl)
+        } else {
+            nat::hostport_reply(ctx, &cfg, &hdr, ip.ttl)
+        };
+        if let Some(v) = answered {
+            return v;
+        }
     }
     if let Some(peer) = maps::endpoint(dst) {
         if ip.ttl <= 1 {

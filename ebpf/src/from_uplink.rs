@@ -24,7 +24,7 @@ use crate::{
         ETH_HLEN, ETH_P_IP, EthHdr, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr, UdpHdr,
         VXLAN_FLAG_VNI, VxlanEncap,
     },
-    ipv4, maps, nat,
+    ipv4, maps, nat, nat_icmp,
     packet::{addr, ensure_linear, ptr_at},
     verdict,
 };
@@ -83,12 +83,15 @@ pub fn handle(ctx: &TcContext) -> i32 {
         };
         let mut answer = nat::hostport_in(ctx, &hdr, nat::Client::Remote);
         let mut counter = Counter::FwdDnat;
+        if matches!(answer, nat::Reply::NotOurs) {
+            answer = nat_icmp::hostport_error_in(ctx, &hdr);
+        }
         if matches!(answer, nat::Reply::NotOurs)
             && to_node
             && let Some(nat) = maps::nat_config()
         {
             counter = Counter::RevSnat;
-            answer = match nat::icmp_error(ctx, &cfg, &hdr) {
+            answer = match nat_icmp::snat_error(ctx, &cfg, &hdr) {
                 nat::Reply::NotOurs => nat::reply(ctx, &cfg, &nat, &hdr),
                 other => other,
             };

@@ -17,6 +17,7 @@
 //! | [`fib`] | next-hop lookup and transmit |
 //! | [`icmp`] | fragmentation-needed answers |
 //! | [`nat`] | masquerade on rivet's own connection tracking |
+//! | [`nat_icmp`] | ICMP errors about translated flows |
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
 //! | [`sock`] | hostPorts for the node's own sockets (cgroup hooks) |
 #![no_std]
@@ -33,6 +34,7 @@ mod icmp;
 mod ipv4;
 mod maps;
 mod nat;
+mod nat_icmp;
 mod packet;
 mod remote;
 mod sock;

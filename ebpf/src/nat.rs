@@ -33,11 +33,11 @@ use crate::{
 };
 
 const ICMP_ECHO_REPLY: u8 = 0;
-const ICMP_ECHO_REQUEST: u8 = 8;
+pub const ICMP_ECHO_REQUEST: u8 = 8;
 /// Offsets of the IPv4 checksum, source and destination in the frame.
-const IP_CSUM: usize = ETH_HLEN + 10;
-const IP_SRC: usize = ETH_HLEN + 12;
-const IP_DST: usize = ETH_HLEN + 16;
+pub const IP_CSUM: usize = ETH_HLEN + 10;
+pub const IP_SRC: usize = ETH_HLEN + 12;
+pub const IP_DST: usize = ETH_HLEN + 16;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
@@ -669,126 +669,4 @@ pub fn to_pod(ctx: &TcContext, ep: &EndpointInfo, counter: Counter) -> i32 {
         }
     }
     verdict::redirect_peer(ctx, ep.ifindex, counter)
-}
-
-const ICMP_DEST_UNREACH: u8 = 3;
-const ICMP_TIME_EXCEEDED: u8 = 11;
-const ICMP_PARAMETER_PROBLEM: u8 = 12;
-
-/// An ICMP error addressed to the node about a masqueraded flow (port
-/// unreachable, fragmentation needed, time exceeded, parameter problem):
-/// the quoted packet is the one the node sent for a pod, so the outer
-/// destination, the quoted source address and port (or echo identifier)
-/// go back to the pod's, checksums updated incrementally (the quoted
-/// transport checksum is left alone: receivers do not check it).
-#[inline(always)]
-pub fn icmp_error(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
-    if ip.proto != IPPROTO_ICMP || ip.frag & 0x3fff != 0 {
-        return Reply::NotOurs;
-    }
-    let icmp = ETH_HLEN + ip.hlen;
-    let Ok(kind) = ctx.load::<u8>(icmp) else {
-        return Reply::NotOurs;
-    };
-    if kind != ICMP_DEST_UNREACH && kind != ICMP_TIME_EXCEEDED && kind != ICMP_PARAMETER_PROBLEM {
-        return Reply::NotOurs;
-    }
-    let inner = icmp + 8;
-    let (Ok(vihl), Ok(proto), Ok(src), Ok(dst)) = (
-        ctx.load::<u8>(inner),
-        ctx.load::<u8>(inner + 9),
-        ctx.load::<[u8; 4]>(inner + 12),
-        ctx.load::<[u8; 4]>(inner + 16),
-    ) else {
-        return Reply::NotOurs;
-    };
-    let ihl = usize::from(vihl & 0x0f) * 4;
-    if vihl >> 4 != 4 || !(20..=60).contains(&ihl) || u32::from_ne_bytes(src) != cfg.node_ip {
-        return Reply::NotOurs;
-    }
-    let l4 = inner + ihl;
-    // The quoted packet went out as (node, NAT port) → (remote, port):
-    // its flow's reply entry is keyed the other way round.
-    let (sport, dport, port_off) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
-            let Ok(ports) = ctx.load::<[u8; 4]>(l4) else {
-                return Reply::NotOurs;
-            };
-            (
-                u16::from_ne_bytes([ports[2], ports[3]]),
-                u16::from_ne_bytes([ports[0], ports[1]]),
-                l4,
-            )
-        }
-        IPPROTO_ICMP => {
-            let (Ok(ICMP_ECHO_REQUEST), Ok(id)) = (ctx.load::<u8>(l4), ctx.load::<[u8; 2]>(l4 + 4))
-            else {
-                return Reply::NotOurs;
-            };
-            (0, u16::from_ne_bytes(id), l4 + 4)
-        }
-        _ => return Reply::NotOurs,
-    };
-    let key = NatKey {
-        src: u32::from_ne_bytes(dst),
-        dst: cfg.node_ip,
-        sport,
-        dport,
-        proto,
-        dir: nat_dir::REPLY,
-        _pad: [0; 2],
-    };
-    let Some(entry) = NAT.get_ptr_mut(key) else {
-        return Reply::NotOurs;
-    };
-    // SAFETY: as in `touch`; address and port of an entry never change.
-    let (pod_ip, pod_port) = unsafe { ((*entry).addr, (*entry).port) };
-    let Some(ep) = maps::endpoint(pod_ip) else {
-        return Reply::NotOurs;
-    };
-    let ep = *ep;
-    match translate_error(
-        ctx,
-        icmp,
-        inner,
-        port_off,
-        (cfg.node_ip, pod_ip),
-        (dport, pod_port),
-    ) {
-        Ok(()) => Reply::Deliver(ep),
-        Err(reason) => Reply::Done(verdict::drop(ctx, reason)),
-    }
-}
-
-/// The rewrites of [`icmp_error`]: every change inside the ICMP message is
-/// balanced in the ICMP checksum.
-#[inline(always)]
-fn translate_error(
-    ctx: &TcContext,
-    icmp: usize,
-    inner: usize,
-    port_off: usize,
-    (node, pod): (u32, u32),
-    (nat_port, pod_port): (u16, u16),
-) -> Result<(), Counter> {
-    let fail = |_| Counter::DropNatRewrite;
-    let icmp_csum = icmp + 2;
-    let inner_csum = inner + 10;
-    let (node, pod) = (u64::from(node), u64::from(pod));
-    // Quoted source address, and the quoted header's checksum with it.
-    let before = ctx.load::<u16>(inner_csum).map_err(fail)?;
-    ctx.l3_csum_replace(inner_csum, node, pod, 4)
-        .map_err(fail)?;
-    let after = ctx.load::<u16>(inner_csum).map_err(fail)?;
-    ctx.store(inner + 12, &(pod as u32), 0).map_err(fail)?;
-    ctx.l4_csum_replace(icmp_csum, node, pod, 4).map_err(fail)?;
-    ctx.l4_csum_replace(icmp_csum, u64::from(before), u64::from(after), 2)
-        .map_err(fail)?;
-    // Quoted source port (or echo identifier).
-    ctx.store(port_off, &pod_port, 0).map_err(fail)?;
-    ctx.l4_csum_replace(icmp_csum, u64::from(nat_port), u64::from(pod_port), 2)
-        .map_err(fail)?;
-    // Outer destination.
-    ctx.l3_csum_replace(IP_CSUM, node, pod, 4).map_err(fail)?;
-    ctx.store(IP_DST, &(pod as u32), 0).map_err(fail)
 }

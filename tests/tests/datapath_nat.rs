@@ -670,5 +670,58 @@ fn hostport_hit_miss_and_reply() {
         assert_eq!(&back[0..6], &PEER_MAC);
         assert!(ipv4_checksum_ok(&back, 14));
         assert!(l4_checksum_ok(&back, 14));
+
+        // The client's path is narrower: fragmentation needed about the
+        // answer as it left (node, hostPort) reaches the pod, translated.
+        let frag_needed = icmp_error(OUTSIDE, NODE_IP, 4, &back[14..]);
+        let error = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &frag_needed]);
+        let got = h.expect(
+            program_names::FROM_UPLINK,
+            &error,
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::FwdDnat,
+        );
+        assert_eq!(&got[0..6], &a.mac);
+        assert_eq!(&got[30..34], &a.ip.octets(), "outer destination = pod");
+        assert_eq!(&got[42 + 12..42 + 16], &a.ip.octets(), "quoted source");
+        assert_eq!(be16(&got[62..64]), 80, "quoted source port");
+        assert_eq!(&got[42 + 16..42 + 20], &OUTSIDE.octets());
+        assert!(ipv4_checksum_ok(&got, 14));
+        assert!(ipv4_checksum_ok(&got, 42), "quoted header checksum");
+        assert_eq!(checksum(&got[34..]), 0, "ICMP checksum");
+
+        // The pod refuses a packet that came through the hostPort: its
+        // port unreachable leaves as the node, quoting the hostPort.
+        let unreach = icmp_error(a.ip, OUTSIDE, 3, &out[14..]);
+        let sent = h.expect(
+            program_names::FROM_POD,
+            &frame(&[&eth(a.host_mac, a.mac, ETH_P_IP), &unreach]),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::RevDnat,
+        );
+        assert_eq!(&sent[0..6], &PEER_MAC);
+        assert_eq!(&sent[26..30], &NODE_IP.octets(), "outer source = node");
+        assert_eq!(&sent[42 + 16..42 + 20], &NODE_IP.octets(), "quoted dest");
+        assert_eq!(be16(&sent[64..66]), 8080, "quoted destination port");
+        assert!(ipv4_checksum_ok(&sent, 14));
+        assert!(ipv4_checksum_ok(&sent, 42), "quoted header checksum");
+        assert_eq!(checksum(&sent[34..]), 0, "ICMP checksum");
     });
+}
+
+/// An ICMP destination-unreachable (`code`) from `src` to `dst` quoting the
+/// IPv4 packet `about` (its header and first 8 bytes), checksums right.
+fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, code: u8, about: &[u8]) -> Vec<u8> {
+    let mut msg = vec![3, code, 0, 0, 0, 0, 0x05, 0x96];
+    msg.extend_from_slice(&about[..28]);
+    let c = checksum(&msg);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    Ipv4 {
+        protocol: 1,
+        payload: msg,
+        ..Ipv4::new(src, dst)
+    }
+    .bytes()
 }

@@ -415,6 +415,53 @@ fn hostports_reach_the_pod_from_everywhere() {
     assert_no_nat_rules(&w.nodes[n1].ns);
 }
 
+/// ICMP errors about hostPort flows reach the other end translated: a pod
+/// refusing a datagram that came through a hostPort (port unreachable)
+/// makes the client's socket fail with ECONNREFUSED, and a client gone
+/// before the pod's answer makes the pod's socket fail the same way.
+#[test]
+fn icmp_errors_about_hostport_flows_reach_both_ends() {
+    use rivet_api::Protocol::Udp;
+    let mut s = setup(0);
+    let target =
+        s.w.add_pod_with_ports(s.n, vec![mapping(5353, 53, Udp), mapping(5354, 54, Udp)]);
+    let node_ip = s.w.nodes[s.n].ip;
+    let refused = |r: &std::io::Result<usize>| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
+    // Nothing listens on 54 in the pod.
+    let client = outside(&s)
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp");
+    client
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    client.connect((node_ip, 5354)).expect("connect");
+    client.send(b"anyone?").expect("send");
+    let mut buf = [0u8; 64];
+    let got = client.recv(&mut buf);
+    assert!(refused(&got), "client: {got:?}");
+
+    // The pod answers a client that has gone.
+    let server = s.w.pods[target]
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 53)))
+        .expect("bind 53");
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let client = outside(&s)
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp");
+    client.send_to(b"hi", (node_ip, 5353)).expect("send");
+    let (_, from) = server.recv_from(&mut buf).expect("datagram via hostPort");
+    assert_eq!(from.ip(), std::net::IpAddr::V4(s.outside_ip));
+    server.connect(from).expect("connect back");
+    drop(client);
+    server.send(b"late").expect("send");
+    let got = server.recv(&mut buf);
+    assert!(refused(&got), "pod: {got:?}");
+    assert_no_nat_rules(&s.w.nodes[s.n].ns);
+}
+
 /// The node's own sockets reach a hostPort on 127.0.0.1 and on the node
 /// address (cgroup socket hooks: no `route_localnet`, no NAT on the wire),
 /// TCP and UDP, connected or not; the application sees the address it
