@@ -654,24 +654,36 @@ impl Endpoints {
         }
         validate_port_mappings(&spec.port_mappings, local, self.settings.reserved_ports)?;
         parse_routes(&spec.routes)?;
-        for (i, a) in spec.port_mappings.iter().enumerate() {
-            if spec.port_mappings[i + 1..]
-                .iter()
-                .any(|b| mappings_clash(a, b))
-            {
-                return Err(EndpointError::BadRequest(format!(
-                    "hostPort {}/{:?} is mapped twice in the request",
-                    a.host_port, a.protocol
-                )));
+        if spec.port_mappings.is_empty() {
+            return Ok(());
+        }
+        // Indexed by (protocol, hostPort): linear in the mappings, however
+        // many a pod or the node carries.
+        let mut taken: HashMap<(Protocol, u16), Vec<(&PortMapping, Option<&str>)>> =
+            HashMap::new();
+        for other in self.by_ref.values() {
+            for b in &other.port_mappings {
+                taken
+                    .entry((b.protocol, b.host_port))
+                    .or_default()
+                    .push((b, Some(other.container_id.as_str())));
             }
-            for other in self.by_ref.values() {
-                if other.port_mappings.iter().any(|b| mappings_clash(a, b)) {
-                    return Err(EndpointError::Conflict(format!(
-                        "hostPort {}/{:?} is already mapped to container {}",
-                        a.host_port, a.protocol, other.container_id
-                    )));
-                }
+        }
+        for a in &spec.port_mappings {
+            let slot = taken.entry((a.protocol, a.host_port)).or_default();
+            if let Some((_, owner)) = slot.iter().find(|(b, _)| mappings_clash(a, b)) {
+                return Err(match owner {
+                    Some(container) => EndpointError::Conflict(format!(
+                        "hostPort {}/{:?} is already mapped to container {container}",
+                        a.host_port, a.protocol
+                    )),
+                    None => EndpointError::BadRequest(format!(
+                        "hostPort {}/{:?} is mapped twice in the request",
+                        a.host_port, a.protocol
+                    )),
+                });
             }
+            slot.push((a, None));
         }
         Ok(())
     }
