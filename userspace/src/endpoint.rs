@@ -659,8 +659,7 @@ impl Endpoints {
         }
         // Indexed by (protocol, hostPort): linear in the mappings, however
         // many a pod or the node carries.
-        let mut taken: HashMap<(Protocol, u16), Vec<(&PortMapping, Option<&str>)>> =
-            HashMap::new();
+        let mut taken: HashMap<(Protocol, u16), Vec<(&PortMapping, Option<&str>)>> = HashMap::new();
         for other in self.by_ref.values() {
             for b in &other.port_mappings {
                 taken

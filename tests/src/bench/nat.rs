@@ -1,7 +1,8 @@
 //! NAT cost. hostPorts against the number of mappings: rivet's BPF DNAT (one
 //! hash lookup) vs iptables DNAT rules as the reference `portmap` plugin
-//! writes them (one rule per mapping, evaluated in order), measured side by
-//! side from the same outside host: connect + 1-byte exchange + close, per
+//! writes them (one rule per mapping, evaluated in order) vs an nftables
+//! map (one rule, one lookup), measured side by side from the same outside
+//! host: connect + 1-byte exchange + close, per
 //! connection latency and connections per second, and the time to program
 //! the N mappings. Masquerade: connections per second from a pod to an
 //! outside server, rivet's BPF SNAT vs iptables MASQUERADE.
@@ -58,17 +59,18 @@ fn connection_loop(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
     })
 }
 
-/// The iptables node: a plain namespace routing to its pod, DNAT rules.
-struct IptablesNode {
+/// A kernel-NAT node (iptables or nftables): a plain namespace routing to
+/// its pod; the mappings are rules or map elements.
+struct KernelNode {
     node: usize,
     pod: Netns,
     pod_ip: Ipv4Addr,
 }
 
-fn iptables_node(w: &mut World) -> IptablesNode {
+fn kernel_node(w: &mut World, tag: &str) -> KernelNode {
     let node = w.add_node();
     let ns = &w.nodes[node].ns;
-    let pod = Netns::new(format!("{}-ipt-pod", w.prefix));
+    let pod = Netns::new(format!("{}-{tag}-pod", w.prefix));
     ns.ip(&[
         "link",
         "add",
@@ -88,7 +90,7 @@ fn iptables_node(w: &mut World) -> IptablesNode {
     pod.ip(&["link", "set", "lo", "up"]);
     pod.ip(&["route", "add", "default", "via", "10.250.0.1"]);
     ns.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-    IptablesNode {
+    KernelNode {
         node,
         pod,
         pod_ip: Ipv4Addr::new(10, 250, 0, 2),
@@ -115,22 +117,49 @@ fn program_iptables(ns: &Netns, node_ip: Ipv4Addr, pod_ip: Ipv4Addr, n: usize) -
     rules.push_str(&format!(
         "-A CNI-HOSTPORT-DNAT -d {node_ip}/32 -p tcp -m tcp --dport {HOST_PORT} -j DNAT --to-destination {pod_ip}:80\nCOMMIT\n"
     ));
+    timed_restore(ns, "iptables-nft-restore", &[], &rules)
+}
+
+/// Programs N mappings on the nftables node as elements of one verdict
+/// map (`ip daddr . tcp dport : pod . port`), looked up by one DNAT rule —
+/// the best a hand-written nftables ruleset does; one `nft -f`; ms.
+fn program_nft(ns: &Netns, node_ip: Ipv4Addr, pod_ip: Ipv4Addr, n: usize) -> f64 {
+    let mut elements: Vec<String> = (0..n.saturating_sub(1))
+        .map(|i| {
+            format!(
+                "{node_ip} . {} : 10.250.1.{} . 80",
+                FILLER_BASE + i as u16,
+                1 + i % 250
+            )
+        })
+        .collect();
+    elements.push(format!("{node_ip} . {HOST_PORT} : {pod_ip} . 80"));
+    let ruleset = format!(
+        "flush ruleset\ntable ip hostports {{\n\
+         map ports {{ type ipv4_addr . inet_service : ipv4_addr . inet_service; elements = {{ {} }} }}\n\
+         chain prerouting {{ type nat hook prerouting priority dstnat; policy accept; dnat ip to ip daddr . tcp dport map @ports; }}\n\
+         }}\n",
+        elements.join(", ")
+    );
+    timed_restore(ns, "nft", &["-f", "-"], &ruleset)
+}
+
+/// Runs `tool args` in `ns` with `input` on stdin; the wall time in ms.
+fn timed_restore(ns: &Netns, tool: &str, args: &[&str], input: &str) -> f64 {
     let t = Instant::now();
     let mut child = ns
-        .command("iptables-nft-restore")
+        .command(tool)
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .spawn()
-        .expect("iptables-nft-restore");
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
     child
         .stdin
         .take()
         .expect("stdin")
-        .write_all(rules.as_bytes())
-        .expect("rules");
-    assert!(
-        child.wait().expect("wait").success(),
-        "iptables-nft-restore failed"
-    );
+        .write_all(input.as_bytes())
+        .expect("input");
+    assert!(child.wait().expect("wait").success(), "{tool} failed");
     t.elapsed().as_secs_f64() * 1e3
 }
 
@@ -175,7 +204,8 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             host_ip: None,
         }],
     );
-    let ipt = iptables_node(&mut w);
+    let ipt = kernel_node(&mut w, "ipt");
+    let nft = kernel_node(&mut w, "nft");
     w.add_outside();
     w.outside
         .as_ref()
@@ -183,6 +213,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
     one_byte_server(&w.pods[pod].ns, 80);
     one_byte_server(&ipt.pod, 80);
+    one_byte_server(&nft.pod, 80);
     let targets = [
         (
             "rivet",
@@ -191,6 +222,10 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         (
             "iptables",
             SocketAddr::from((w.nodes[ipt.node].ip, HOST_PORT)),
+        ),
+        (
+            "nftables",
+            SocketAddr::from((w.nodes[nft.node].ip, HOST_PORT)),
         ),
     ];
 
@@ -201,11 +236,11 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         ..Default::default()
     };
     report.notes.push(format!(
-        "connect + 1-byte exchange + close from an outside host, {} s per sample, {} rounds per size, interleaved; iptables: DNAT rules in portmap's layout (nft backend), the measured mapping last",
+        "connect + 1-byte exchange + close from an outside host, {} s per sample, {} rounds per size, interleaved; iptables: DNAT rules in portmap's layout (nft backend), the measured mapping last; nftables: one DNAT rule looking up a map of (address . port) elements",
         opts.secs, opts.rounds
     ));
     report.notes.push(
-        "program_ms: rivet = one CNI-path ADD (through the agent API) of a pod carrying the N − 1 other mappings; iptables = one iptables-nft-restore of the N rules".into(),
+        "program_ms: rivet = one CNI-path ADD (through the agent API) of a pod carrying the N − 1 other mappings; iptables = one iptables-nft-restore of the N rules; nftables = one `nft -f` of the map with N elements".into(),
     );
     let started = Instant::now();
     let mut filler = None;
@@ -222,6 +257,8 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         report.better.insert(rate.clone(), "higher".into());
         let ipt_ms = program_iptables(&w.nodes[ipt.node].ns, w.nodes[ipt.node].ip, ipt.pod_ip, n);
         report.add(&prog, "iptables", ipt_ms);
+        let nft_ms = program_nft(&w.nodes[nft.node].ns, w.nodes[nft.node].ip, nft.pod_ip, n);
+        report.add(&prog, "nftables", nft_ms);
         let (f, rivet_ms) = program_rivet(&mut w, rivet_node, filler.take(), n);
         filler = f;
         report.add(&prog, "rivet", rivet_ms);
