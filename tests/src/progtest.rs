@@ -88,6 +88,11 @@ pub fn if_index(name: &str) -> u32 {
 
 /// Runs `f` with a loaded datapath inside a fresh namespace.
 pub fn with_harness(f: impl FnOnce(&mut Harness) + Send) {
+    with_harness_nat_max(rivet_common::NAT_MAX, f);
+}
+
+/// [`with_harness`] with a NAT table of `nat_max` entries.
+pub fn with_harness_nat_max(nat_max: u32, f: impl FnOnce(&mut Harness) + Send) {
     let ns = Netns::new(format!("{}-dp", unique_prefix()));
     ns.exec(|| {
         for (h, p) in [("hA", "pA"), ("hB", "pB"), ("up0", "up1")] {
@@ -112,6 +117,7 @@ pub fn with_harness(f: impl FnOnce(&mut Harness) + Send) {
             "permanent",
         ]);
         let mut ebpf = EbpfLoader::new()
+            .map_max_entries(rivet_common::map_names::NAT, nat_max)
             .load(rivet::datapath::OBJECT)
             .expect("loading the object");
         for name in rivet::datapath::PROGRAMS {

@@ -407,6 +407,34 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
     });
 }
 
+#[test]
+fn full_table_recycles_flows_and_the_evictions_show() {
+    with_harness_nat_max(8, |h| {
+        enable_nat(h, 61_000, 61_099);
+        let a = h.a;
+        // Ten flows, two entries each, into a table of eight: the LRU makes
+        // room — a new flow is never refused for a full table.
+        for sport in 40_001..=40_010 {
+            pod_segment(h, a, sport, 0x02, Counter::FwdSnat);
+        }
+        let live = nat_entries(h).len();
+        assert!(live <= 8, "{live} entries in a table of 8");
+        let stats: aya::maps::PerCpuArray<&MapData, u64> =
+            aya::maps::PerCpuArray::try_from(h.ebpf.map("NAT_STATS").expect("map"))
+                .expect("per-cpu");
+        let created: u64 = stats
+            .get(&rivet_common::nat_stat::CREATED, 0)
+            .expect("slot")
+            .iter()
+            .sum();
+        assert_eq!(created, 20, "two entries per flow, counted");
+        assert!(
+            created - live as u64 >= 12,
+            "evictions = created − live: {created} − {live}"
+        );
+    });
+}
+
 /// A server's segment to the node's NAT port, at the uplink.
 fn server_frame(h: &Harness, nat_port: u16, flags: u8) -> Vec<u8> {
     let ip = Ipv4 {
