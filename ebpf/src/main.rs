@@ -7,6 +7,7 @@
 //! | [`headers`] | Ethernet, ARP, IPv4 header layouts |
 //! | [`maps`] | every map (types from `rivet-common`) |
 //! | [`verdict`] | counting and the final TC verdicts, one reason per drop |
+//! | [`events`] | drop and flow events for the agent |
 //! | [`arp`] | answering ARP for the pod gateway |
 //! | [`ipv4`] | IPv4 validation and router behaviour (TTL) |
 //! | [`from_pod`] | the pipeline for traffic leaving a pod |
@@ -25,6 +26,7 @@
 
 mod arp;
 mod encap;
+mod events;
 mod fib;
 mod from_host;
 mod from_pod;

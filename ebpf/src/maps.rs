@@ -3,13 +3,13 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use rivet_common::{
-    COUNTERS_MAX, ENDPOINTS_MAX, EndpointInfo, EndpointKey, HOSTPORTS_MAX, HostPortKey,
-    HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NodeConfig,
-    PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey,
-    SockRevTarget, StatsEntry, nat_config_flags,
+    COUNTERS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey, EventConfig,
+    HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NO_MASQ_MAX, NatConfig,
+    NatEntry, NatKey, NodeConfig, PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX,
+    SockConfig, SockRevKey, SockRevTarget, StatsEntry, nat_config_flags,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -54,6 +54,14 @@ pub static NO_MASQ: LpmTrie<u32, u32> = LpmTrie::with_max_entries(NO_MASQ_MAX, 0
 #[map]
 pub static HOSTPORTS: HashMap<HostPortKey, HostPortTarget> =
     HashMap::with_max_entries(HOSTPORTS_MAX, 0);
+
+/// Drop and flow events for the agent (`rivetctl monitor`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Event settings at index 0 (flow events off unless the agent says).
+#[map]
+pub static EVENT_CONFIG: Array<EventConfig> = Array::with_max_entries(1, 0);
 
 /// The socket hooks' settings at index 0.
 #[map]

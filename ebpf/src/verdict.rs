@@ -8,10 +8,17 @@ use aya_ebpf::{
 };
 use rivet_common::Counter;
 
-use crate::{fib, maps::STATS};
+use crate::{events, fib, maps::STATS};
 
+/// Counts a packet that goes on (forwarded or passed); a flow event if on.
 #[inline(always)]
 fn count(ctx: &TcContext, counter: Counter) {
+    add(ctx, counter);
+    events::flow(ctx, counter);
+}
+
+#[inline(always)]
+fn add(ctx: &TcContext, counter: Counter) {
     if let Some(entry) = STATS.get_ptr_mut(counter.index()) {
         // SAFETY: per-CPU slot of a map value that lives as long as the map;
         // no other program instance runs on this CPU concurrently.
@@ -32,7 +39,8 @@ pub fn pass(ctx: &TcContext, counter: Counter) -> i32 {
 /// Drop the packet, counted under its reason.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, reason: Counter) -> i32 {
-    count(ctx, reason);
+    add(ctx, reason);
+    events::drop(ctx, reason);
     TC_ACT_SHOT
 }
 

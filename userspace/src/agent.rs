@@ -13,7 +13,7 @@ use std::{
 use rivet_api::{
     AgentStatus, ApiError, Attachment, CounterValue, ErrorKind, MAX_MESSAGE, Request, Response,
 };
-use rivet_common::{NodeConfig, config_flags, ipv4_key, program_names};
+use rivet_common::{NodeConfig, config_flags, ipv4_key, map_names, program_names};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{UnixListener, UnixStream},
@@ -83,6 +83,14 @@ pub enum AgentError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The metrics address could not be bound (`metrics_addr`).
+    #[error("metrics_addr {addr}: {source}")]
+    Metrics {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
 }
 
 /// Everything mutable, behind one lock: endpoint changes are serialized.
@@ -108,6 +116,9 @@ pub struct Agent {
     node_ip: Option<Ipv4Addr>,
     store_state: std::sync::Mutex<String>,
     nat_stats: std::sync::Mutex<crate::nat::NatStats>,
+    requests: crate::metrics::RequestMetrics,
+    last_error: std::sync::Mutex<Option<(Instant, String)>>,
+    events: Arc<crate::events::Events>,
     _lock: PinLock,
 }
 
@@ -221,6 +232,7 @@ impl Agent {
             }
         }
         let cfg_etcd = cfg.etcd.is_some();
+        let cfg_pin_dir = cfg.pin_dir.clone();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
         cluster.restore(&dp)?;
 
@@ -280,16 +292,126 @@ impl Agent {
                 .to_owned(),
             ),
             nat_stats: std::sync::Mutex::new(crate::nat::NatStats::default()),
+            requests: crate::metrics::RequestMetrics::default(),
+            last_error: std::sync::Mutex::new(None),
+            events: Arc::new(crate::events::Events::new(
+                crate::pins::PinLayout::new(cfg_pin_dir.clone()).map(map_names::EVENTS),
+                crate::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
+            )),
             _lock: lock,
         })
     }
 
     /// Answers one request.
     pub async fn handle(self: &Arc<Self>, request: Request) -> Response {
-        match self.dispatch(request).await {
+        let started = Instant::now();
+        let verb = verb_of(&request);
+        let response = match self.dispatch(request).await {
             Ok(r) => r,
             Err(e) => Response::Error(e),
+        };
+        self.requests.observe(verb, started.elapsed());
+        response
+    }
+
+    /// The event hub (`monitor`).
+    pub fn events(&self) -> &Arc<crate::events::Events> {
+        &self.events
+    }
+
+    /// Remembers the latest background failure for `status`.
+    pub fn note_error(&self, what: String) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = Some((Instant::now(), what));
         }
+    }
+
+    fn last_error(&self) -> Option<String> {
+        let last = self.last_error.lock().ok()?;
+        last.as_ref()
+            .map(|(at, what)| format!("{what} ({}s ago)", at.elapsed().as_secs()))
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    /// Latency of the API requests served so far.
+    pub fn request_metrics(&self) -> &crate::metrics::RequestMetrics {
+        &self.requests
+    }
+
+    /// Ready, or why not (what `/readyz` answers).
+    pub async fn readiness(self: &Arc<Self>) -> Result<(), String> {
+        // Not through `handle`: probes are not CNI STATUS requests.
+        match self.dispatch(Request::Status {}).await {
+            Ok(Response::Status(s)) if s.ready => Ok(()),
+            Ok(Response::Status(s)) => Err(s.not_ready.unwrap_or_else(|| "not ready".into())),
+            Ok(other) => Err(format!("status: {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Everything one metrics scrape reports.
+    pub async fn metrics_snapshot(self: &Arc<Self>) -> Result<crate::metrics::Snapshot, String> {
+        let status = match self.dispatch(Request::Status {}).await {
+            Ok(Response::Status(s)) => s,
+            Ok(other) => return Err(format!("status: {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let counters = match self.dispatch(Request::Stats {}).await {
+            Ok(Response::Stats { counters }) => counters,
+            Ok(other) => return Err(format!("stats: {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let hostports = {
+            let mut state = self.state.lock().await;
+            state.dp.list_hostports().map_err(|e| e.to_string())?.len() as u64
+        };
+        let maps = vec![
+            (
+                map_names::ENDPOINTS,
+                status.endpoints as u64,
+                u64::from(rivet_common::ENDPOINTS_MAX),
+            ),
+            (map_names::NAT, status.nat.entries, status.nat.max_entries),
+            (
+                map_names::HOSTPORTS,
+                hostports,
+                u64::from(rivet_common::HOSTPORTS_MAX),
+            ),
+            (
+                map_names::ROUTES,
+                status.nodes as u64,
+                u64::from(rivet_common::ROUTES_MAX),
+            ),
+        ];
+        Ok(crate::metrics::Snapshot {
+            ready: status.ready,
+            counters,
+            status,
+            maps,
+        })
+    }
+
+    /// Ready when the uplink (if any) runs its program and, in cluster
+    /// mode, the store is in sync.
+    fn ready_with(&self, attachments: &[Attachment]) -> (bool, Option<String>) {
+        if let (Some(uplink), Some(_)) = (&self.cfg.uplink, self.node_ip)
+            && !attachments
+                .iter()
+                .any(|a| &a.interface == uplink && a.program == program_names::FROM_UPLINK)
+        {
+            return (
+                false,
+                Some(format!("no rivet program on the uplink {uplink}")),
+            );
+        }
+        if self.cfg.etcd.is_some() && !self.store_state().starts_with("etcd: synced") {
+            return (false, Some(self.store_state()));
+        }
+        (true, None)
     }
 
     async fn dispatch(self: &Arc<Self>, request: Request) -> Result<Response, ApiError> {
@@ -376,6 +498,56 @@ impl Agent {
                     })
                     .collect(),
             }),
+            Request::NatList { ip, port, limit } => {
+                let all = dp.nat_entries().map_err(internal)?;
+                let now = crate::nat::monotonic_ns();
+                let key = |a: Option<Ipv4Addr>| a.map(|a| rivet_common::ipv4_key(a.octets()));
+                let (ip, wire_port) = (key(ip), port.map(u16::to_be));
+                let mut entries: Vec<rivet_api::NatFlow> = all
+                    .iter()
+                    .filter(|(k, e)| {
+                        ip.is_none_or(|a| k.src == a || k.dst == a || e.addr == a)
+                            && wire_port.is_none_or(|p| k.sport == p || k.dport == p || e.port == p)
+                    })
+                    .take(limit.unwrap_or(1000))
+                    .map(|(k, e)| nat_flow(k, e, now))
+                    .collect();
+                entries.sort_by(|a, b| (&a.src, &a.dst, &a.dir).cmp(&(&b.src, &b.dst, &b.dir)));
+                Ok(Response::Nat {
+                    entries,
+                    total: all.len(),
+                })
+            }
+            Request::Monitor { .. } => Err(ApiError::new(
+                ErrorKind::BadRequest,
+                "monitor streams events: it is served per connection",
+            )),
+            Request::PortmapList {} => {
+                let owners: HashMap<Ipv4Addr, String> = endpoints
+                    .list()
+                    .into_iter()
+                    .map(|ep| (ep.ip, ep.container_id))
+                    .collect();
+                let mut mappings: Vec<rivet_api::PortmapEntry> = dp
+                    .list_hostports()
+                    .map_err(internal)?
+                    .into_iter()
+                    .map(|(k, t)| {
+                        let pod_ip = Ipv4Addr::from(rivet_common::ipv4_from_key(t.pod_ip));
+                        rivet_api::PortmapEntry {
+                            host_ip: (k.addr != 0)
+                                .then(|| Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr))),
+                            host_port: u16::from_be(k.port),
+                            protocol: if k.proto == 6 { "tcp" } else { "udp" }.into(),
+                            pod_ip,
+                            container_port: u16::from_be(t.port),
+                            container_id: owners.get(&pod_ip).cloned(),
+                        }
+                    })
+                    .collect();
+                mappings.sort_by_key(|m| (m.host_port, m.protocol.clone(), m.host_ip));
+                Ok(Response::Portmaps { mappings })
+            }
             Request::Status {} => {
                 let mut attachments: Vec<Attachment> = dp
                     .links()
@@ -409,6 +581,7 @@ impl Agent {
                     }
                     attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
                 }
+                let (ready, not_ready) = self.ready_with(&attachments);
                 Ok(Response::Status(AgentStatus {
                     version: env!("CARGO_PKG_VERSION").to_owned(),
                     node_name: self.cfg.node_name.clone(),
@@ -424,13 +597,13 @@ impl Agent {
                     cluster_cidr: self.cfg.cluster_cidr.to_string(),
                     node_ip: self.node_ip,
                     nodes: cluster.len(),
-                    store: if self.cfg.etcd.is_some() {
-                        "etcd"
-                    } else {
-                        "single-node"
-                    }
-                    .to_owned(),
+                    store: self.store_state(),
+                    store_synced: self.cfg.etcd.is_none()
+                        || self.store_state().starts_with("etcd: synced"),
                     nat: self.nat_status(),
+                    ready,
+                    not_ready,
+                    last_error: self.last_error(),
                 }))
             }
         }
@@ -494,6 +667,12 @@ impl Agent {
             masquerade: self.cfg.nat.masquerade,
             port_min: self.cfg.nat.port_min,
             port_max: self.cfg.nat.port_max,
+            // Before the first collection: the configured size.
+            max_entries: if stats.max_entries == 0 {
+                u64::from(self.cfg.nat.max_entries)
+            } else {
+                stats.max_entries
+            },
             ..stats
         }
     }
@@ -544,7 +723,10 @@ impl Agent {
                         );
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "NAT collection"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "NAT collection");
+                    self.note_error(format!("NAT collection: {e}"));
+                }
             }
         }
     }
@@ -634,6 +816,9 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
         )),
         Ok(Err(e)) => return Err(e),
         Ok(Ok(_)) => match serde_json::from_slice::<Request>(&body) {
+            Ok(Request::Monitor { flows, sample }) => {
+                return stream_events(agent, stream, flows.then(|| sample.unwrap_or(1))).await;
+            }
             Ok(request) => agent.handle(request).await,
             Err(e) => Response::Error(ApiError::new(
                 ErrorKind::BadRequest,
@@ -649,6 +834,106 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
         "API request answered"
     );
     Ok(())
+}
+
+/// Streams events to a `monitor` client, one JSON object per line, with a
+/// keep-alive line every second (how a client that went away is noticed).
+async fn stream_events(
+    agent: &Arc<Agent>,
+    mut stream: UnixStream,
+    flows: Option<u32>,
+) -> std::io::Result<()> {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut sub = agent.events().subscribe(flows);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut lost = 0u64;
+    loop {
+        let event = tokio::select! {
+            ev = sub.rx.recv() => match ev {
+                Ok(mut ev) => {
+                    ev.lost = std::mem::take(&mut lost);
+                    ev
+                }
+                Err(RecvError::Lagged(n)) => {
+                    lost += n;
+                    continue;
+                }
+                Err(RecvError::Closed) => return Ok(()),
+            },
+            _ = tick.tick() => rivet_api::MonitorEvent {
+                kind: "tick".into(),
+                reason: String::new(),
+                ifindex: 0,
+                ifname: None,
+                proto: String::new(),
+                src: String::new(),
+                dst: String::new(),
+                icmp: None,
+                len: 0,
+                time: 0.0,
+                lost: 0,
+            },
+        };
+        let mut line = serde_json::to_vec(&event).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        stream.write_all(&line).await?;
+    }
+}
+
+/// A NAT entry as the API shows it.
+fn nat_flow(k: &rivet_common::NatKey, e: &rivet_common::NatEntry, now: u64) -> rivet_api::NatFlow {
+    use rivet_common::{ipv4_from_key, nat_dir, nat_flags};
+    let addr = |a: u32, p: u16| format!("{}:{}", Ipv4Addr::from(ipv4_from_key(a)), u16::from_be(p));
+    let flags = [
+        (nat_flags::SYN, "syn"),
+        (nat_flags::FIN, "fin"),
+        (nat_flags::FIN_POD, "fin_pod"),
+        (nat_flags::RST, "rst"),
+        (nat_flags::SEEN, "seen"),
+    ]
+    .iter()
+    .filter(|(bit, _)| e.flags & bit != 0)
+    .map(|(_, name)| (*name).to_owned())
+    .collect();
+    rivet_api::NatFlow {
+        proto: match k.proto {
+            6 => "tcp".into(),
+            17 => "udp".into(),
+            1 => "icmp".into(),
+            p => p.to_string(),
+        },
+        dir: match k.dir {
+            nat_dir::EGRESS => "egress",
+            nat_dir::REPLY => "reply",
+            _ => "dnat",
+        }
+        .into(),
+        src: addr(k.src, k.sport),
+        dst: addr(k.dst, k.dport),
+        translated: addr(e.addr, e.port),
+        flags,
+        idle_secs: now.saturating_sub(e.last_seen) / 1_000_000_000,
+    }
+}
+
+/// The label of a request in the latency metrics: the CNI verb it serves,
+/// else its own name.
+const fn verb_of(request: &Request) -> &'static str {
+    match request {
+        Request::EndpointAdd(_) => "ADD",
+        Request::EndpointDel(_) => "DEL",
+        Request::EndpointCheck(_) => "CHECK",
+        Request::Gc(_) => "GC",
+        Request::Status {} => "STATUS",
+        Request::EndpointList {} => "endpoint_list",
+        Request::NodeSet(_) => "node_set",
+        Request::NodeDel { .. } => "node_del",
+        Request::NodeList {} => "node_list",
+        Request::Stats {} => "stats",
+        Request::NatList { .. } => "nat_list",
+        Request::PortmapList {} => "portmap_list",
+        Request::Monitor { .. } => "monitor",
+    }
 }
 
 /// The first IPv4 address of the configured uplink (the node's address).

@@ -178,6 +178,9 @@ pub struct FileConfig {
     pub state_dir: Option<PathBuf>,
     /// API socket (default /run/rivet/rivetd.sock).
     pub socket: Option<PathBuf>,
+    /// Prometheus metrics and health endpoints, `address:port` in the
+    /// node's namespace (default 127.0.0.1:9402; "off" disables).
+    pub metrics_addr: Option<String>,
     /// How programs attach to pod veths: `tc` (default) or `tcx`.
     pub pod_attach: Option<crate::datapath::AttachMode>,
     /// Cross-node mode.
@@ -251,6 +254,7 @@ impl FileConfig {
             pin_dir: other.pin_dir.or(self.pin_dir),
             state_dir: other.state_dir.or(self.state_dir),
             socket: other.socket.or(self.socket),
+            metrics_addr: other.metrics_addr.or(self.metrics_addr),
             pod_attach: other.pod_attach.or(self.pod_attach),
             mode: other.mode.or(self.mode),
             cluster_cidr: other.cluster_cidr.or(self.cluster_cidr),
@@ -296,6 +300,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// API socket path.
     pub socket: PathBuf,
+    /// Metrics and health endpoints (None: off).
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Attach mode for pod veths.
     pub pod_attach: crate::datapath::AttachMode,
     /// Cross-node mode.
@@ -367,6 +373,9 @@ fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings,
         },
     })
 }
+
+/// Where the agent serves metrics unless told otherwise.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9402";
 
 fn invalid(key: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -510,6 +519,14 @@ impl AgentConfig {
             ));
         }
 
+        let metrics_addr =
+            match file.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
+                "off" => None,
+                text => Some(text.parse().map_err(|_| {
+                    invalid("metrics_addr", text, "must be address:port or \"off\"")
+                })?),
+            };
+
         let cluster_text = file
             .cluster_cidr
             .unwrap_or_else(|| DEFAULT_CLUSTER_CIDR.to_owned());
@@ -607,6 +624,7 @@ impl AgentConfig {
             pin_dir,
             state_dir,
             socket,
+            metrics_addr,
             pod_attach: file.pod_attach.unwrap_or_default(),
             mode: file.mode.unwrap_or_default(),
             cluster_cidr,

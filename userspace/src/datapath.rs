@@ -779,6 +779,18 @@ impl Datapath {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
+    /// Every NAT entry (read through the pinned map; no lock on the table).
+    pub fn nat_entries(&self) -> Result<Vec<(NatKey, NatEntry)>, DatapathError> {
+        let name = map_names::NAT;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let hash: HashMap<&MapData, NatKey, NatEntry> =
+            HashMap::try_from(map).map_err(map_err(name))?;
+        Ok(hash.iter().filter_map(Result::ok).collect())
+    }
+
     /// Replaces the set of node-local addresses.
     pub fn set_local_addrs(&mut self, addrs: &[Ipv4Addr]) -> Result<(), DatapathError> {
         let name = map_names::LOCAL_ADDRS;

@@ -532,6 +532,10 @@ fn validate_port_mappings(
 }
 
 /// True if two mappings would capture the same traffic.
+/// A hostPort claimed by a mapping: of another container (its ID), or of
+/// the request itself (`None`).
+type Claim<'a> = (&'a PortMapping, Option<&'a str>);
+
 fn mappings_clash(a: &PortMapping, b: &PortMapping) -> bool {
     let any = |ip: Option<Ipv4Addr>| ip.is_none_or(|i| i.is_unspecified());
     a.protocol == b.protocol
@@ -659,7 +663,7 @@ impl Endpoints {
         }
         // Indexed by (protocol, hostPort): linear in the mappings, however
         // many a pod or the node carries.
-        let mut taken: HashMap<(Protocol, u16), Vec<(&PortMapping, Option<&str>)>> = HashMap::new();
+        let mut taken: HashMap<(Protocol, u16), Vec<Claim<'_>>> = HashMap::new();
         for other in self.by_ref.values() {
             for b in &other.port_mappings {
                 taken

@@ -41,9 +41,13 @@ pub mod map_names {
     /// [`crate::SockRevKey`] → [`crate::SockRevTarget`], the address the
     /// application used.
     pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
+    /// Drop and flow events (ring buffer of [`crate::Event`]).
+    pub const EVENTS: &str = "EVENTS";
+    /// Event settings, one [`crate::EventConfig`] at index 0.
+    pub const EVENT_CONFIG: &str = "EVENT_CONFIG";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -57,6 +61,8 @@ pub mod map_names {
         NAT_STATS,
         SOCK_CONFIG,
         SOCK_REVNAT,
+        EVENTS,
+        EVENT_CONFIG,
     ];
 }
 
@@ -105,6 +111,50 @@ pub const NAT_MAX: u32 = 131_072;
 pub const NO_MASQ_MAX: u32 = 256;
 /// Capacity of the hostPort map.
 pub const HOSTPORTS_MAX: u32 = 16_384;
+/// Size of the event ring buffer (bytes, a power of two).
+pub const EVENTS_BYTES: u32 = 1 << 20;
+
+/// A datapath event: a drop (always) or a flow (when turned on).
+/// Addresses and ports in wire order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    /// [`event_kind`].
+    pub kind: u8,
+    /// IP protocol (0: not IPv4).
+    pub proto: u8,
+    /// The [`Counter`] index: drop reason or verdict.
+    pub counter: u16,
+    /// Interface the packet arrived on.
+    pub ifindex: u32,
+    /// IPv4 source.
+    pub src: u32,
+    /// IPv4 destination.
+    pub dst: u32,
+    /// TCP/UDP source port; ICMP type.
+    pub sport: u16,
+    /// TCP/UDP destination port; ICMP code.
+    pub dport: u16,
+    /// Packet length at the hook.
+    pub len: u32,
+}
+
+/// Kinds of [`Event`].
+pub mod event_kind {
+    /// The packet was dropped.
+    pub const DROP: u8 = 1;
+    /// The packet was forwarded or passed (flow events).
+    pub const FLOW: u8 = 2;
+}
+
+/// Event settings; one entry at index 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EventConfig {
+    /// Flow events: 0 off, 1 every packet, N one packet in N.
+    pub flow_sample: u32,
+}
+
 /// Capacity of the socket reverse-translation map.
 pub const SOCK_REVNAT_MAX: u32 = 65_536;
 /// Ports tried, one after the other from a random start, before a new
@@ -664,6 +714,10 @@ mod pod {
     unsafe impl aya::Pod for super::SockRevKey {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::SockRevTarget {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::Event {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::EventConfig {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -681,6 +735,8 @@ const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<SockConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<SockRevKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SockRevTarget>() == 8);
+const _: () = assert!(core::mem::size_of::<Event>() == 24);
+const _: () = assert!(core::mem::size_of::<EventConfig>() == 4);
 
 #[cfg(test)]
 mod tests {

@@ -30,6 +30,52 @@ struct CniPod {
 }
 
 /// Runs the benchmark.
+/// The variants, measured interleaved in this order.
+const VARIANTS: [&str; 6] = [
+    "rivet",
+    "rivet+flows",
+    "rivet+flows/100",
+    "bridge",
+    "ptp",
+    "veth",
+];
+
+/// A `monitor --flows` client reading events in the background.
+struct FlowWatcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl FlowWatcher {
+    fn start(client: rivet_api::Client, sample: u32) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let Ok(events) = client.monitor(true, Some(sample)) else {
+                return 0;
+            };
+            let mut n = 0;
+            for e in events {
+                if e.is_err() || flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                n += 1;
+            }
+            n
+        });
+        // Subscribed (flow events on) once the agent has read the request.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Self { stop, thread }
+    }
+
+    /// Stops reading; the events seen.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
 pub fn run(opts: &Options) -> Report {
     let (rounds, secs) = (opts.rounds, opts.secs);
     let prefix = unique_prefix();
@@ -120,7 +166,7 @@ pub fn run(opts: &Options) -> Report {
 
     let mut report = Report {
         name: "same-node pod → pod".into(),
-        variants: vec!["rivet".into(), "bridge".into(), "ptp".into(), "veth".into()],
+        variants: VARIANTS.iter().map(|v| (*v).to_owned()).collect(),
         baseline: "bridge".into(),
         ..Default::default()
     };
@@ -144,17 +190,25 @@ pub fn run(opts: &Options) -> Report {
         .notes
         .push("rivet: rivetd + from_pod (netlink cls_bpf, the default pod attach) with bpf_redirect_peer, release build".into());
 
-    let total = (rounds + 1) * 4;
+    report.notes.push(
+        "rivet+flows: rivet with flow events on for every packet (rivetctl monitor --flows: a client reads each event as JSON); rivet+flows/100: one packet in 100".into(),
+    );
+    let total = (rounds + 1) * VARIANTS.len() as u32;
     let started = Instant::now();
     let mut done = 0;
     for round in 0..=rounds {
-        for variant in ["rivet", "bridge", "ptp", "veth"] {
+        for variant in VARIANTS {
             done += 1;
             progress(&format!(
                 "same-node: round {round}/{rounds} {variant:<6} [{done}/{total}, {:.0}s]",
                 started.elapsed().as_secs_f64()
             ));
-            let (client, server, ip) = if variant == "rivet" {
+            let watcher = match variant {
+                "rivet+flows" => Some(FlowWatcher::start(world.nodes[n].agent().client(), 1)),
+                "rivet+flows/100" => Some(FlowWatcher::start(world.nodes[n].agent().client(), 100)),
+                _ => None,
+            };
+            let (client, server, ip) = if variant.starts_with("rivet") {
                 (&world.pods[a].ns, &world.pods[b].ns, rivet_server_ip)
             } else {
                 let p = pairs.iter().find(|p| p.name == variant).expect("pair");
@@ -169,7 +223,11 @@ pub fn run(opts: &Options) -> Report {
             let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
             drop(srv);
             let rtt = ping(client, ip, 100, 0.005);
+            let events = watcher.map(FlowWatcher::stop);
             if round > 0 {
+                if let Some(events) = events {
+                    report.add("flow_events", variant, events as f64);
+                }
                 report.add("throughput_gbps", variant, res.bits_per_second / 1e9);
                 report.add("tcp_retransmits", variant, res.retransmits as f64);
                 if let Some(avg) = rtt.avg_ms {

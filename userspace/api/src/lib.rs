@@ -71,6 +71,98 @@ pub enum Request {
     Stats {},
     /// Agent and datapath status.
     Status {},
+    /// Connection-tracking (NAT) entries, optionally only those with `ip`
+    /// or `port` on either side, at most `limit`.
+    NatList {
+        /// Address filter.
+        #[serde(default)]
+        ip: Option<Ipv4Addr>,
+        /// Port filter.
+        #[serde(default)]
+        port: Option<u16>,
+        /// At most this many entries (default 1000).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// hostPort mappings as the datapath holds them.
+    PortmapList {},
+    /// Stream datapath events (one [`MonitorEvent`] JSON object per line)
+    /// until the client goes away: every drop, and flows when `flows` (one
+    /// packet in `sample`, default every packet). Use [`Client::monitor`].
+    Monitor {
+        /// Also flow events (forwarded and passed packets).
+        #[serde(default)]
+        flows: bool,
+        /// Flow sampling: one packet in this many.
+        #[serde(default)]
+        sample: Option<u32>,
+    },
+}
+
+/// One datapath event, decoded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MonitorEvent {
+    /// `drop` or `flow`; `tick` is a keep-alive line (no event).
+    pub kind: String,
+    /// Drop reason or verdict (counter name).
+    pub reason: String,
+    /// Interface the packet arrived on.
+    pub ifindex: u32,
+    /// Its name on the node, if it still exists.
+    pub ifname: Option<String>,
+    /// `tcp`, `udp`, `icmp`, another number, or empty (not IPv4).
+    pub proto: String,
+    /// Source (`addr:port`, `addr` for ICMP).
+    pub src: String,
+    /// Destination.
+    pub dst: String,
+    /// ICMP `type/code`, if ICMP.
+    pub icmp: Option<String>,
+    /// Packet length.
+    pub len: u32,
+    /// When the agent read it (Unix time, seconds).
+    pub time: f64,
+    /// Events the agent could not deliver to this client before this one
+    /// (it was too slow).
+    #[serde(default)]
+    pub lost: u64,
+}
+
+/// One NAT (connection-tracking) entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatFlow {
+    /// `tcp`, `udp` or `icmp`.
+    pub proto: String,
+    /// `egress` (a pod's masqueraded flow), `reply` (its way back) or
+    /// `dnat` (a hostPort connection, as the pod answers it).
+    pub dir: String,
+    /// The tuple the entry matches: source `addr:port`.
+    pub src: String,
+    /// The tuple the entry matches: destination `addr:port`.
+    pub dst: String,
+    /// What is written instead: `addr:port`.
+    pub translated: String,
+    /// TCP flags seen (`syn`, `fin`, `fin_pod`, `rst`, `seen`).
+    pub flags: Vec<String>,
+    /// Seconds since a packet used it.
+    pub idle_secs: u64,
+}
+
+/// One hostPort mapping in the datapath.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortmapEntry {
+    /// The node address it is bound to (None: every node address).
+    pub host_ip: Option<Ipv4Addr>,
+    /// hostPort.
+    pub host_port: u16,
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// Target pod.
+    pub pod_ip: Ipv4Addr,
+    /// Container port.
+    pub container_port: u16,
+    /// The pod's container ID, when an endpoint owns the address.
+    pub container_id: Option<String>,
 }
 
 /// A pod attachment to create.
@@ -385,6 +477,20 @@ pub struct AgentStatus {
     /// Masquerade settings and the NAT table's fill level.
     #[serde(default)]
     pub nat: NatStatus,
+    /// The cluster store is in sync (always true without one).
+    #[serde(default)]
+    pub store_synced: bool,
+    /// Ready: the datapath is attached and, in cluster mode, the store is
+    /// in sync (what `/readyz` answers).
+    #[serde(default)]
+    pub ready: bool,
+    /// Why not ready.
+    #[serde(default)]
+    pub not_ready: Option<String>,
+    /// The latest failure of a background task (reconciliation, NAT
+    /// collection), with its age.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// Masquerade settings and NAT table pressure.
@@ -463,6 +569,18 @@ pub enum Response {
     },
     /// Agent status.
     Status(AgentStatus),
+    /// NAT entries.
+    Nat {
+        /// The entries (filtered, limited).
+        entries: Vec<NatFlow>,
+        /// Entries in the table (before filtering).
+        total: usize,
+    },
+    /// hostPort mappings.
+    Portmaps {
+        /// By hostPort.
+        mappings: Vec<PortmapEntry>,
+    },
     /// The request failed.
     Error(ApiError),
 }
@@ -562,6 +680,56 @@ impl Client {
     /// Socket path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Starts a [`Request::Monitor`] stream: an iterator over the events
+    /// (keep-alive lines skipped) that ends when the agent does.
+    pub fn monitor(
+        &self,
+        flows: bool,
+        sample: Option<u32>,
+    ) -> Result<impl Iterator<Item = Result<MonitorEvent, ClientError>> + use<>, ClientError> {
+        use std::io::BufRead as _;
+        let path = self.path.clone();
+        let io = {
+            let path = path.clone();
+            move |source| ClientError::Io {
+                path: path.clone(),
+                source,
+            }
+        };
+        let mut stream =
+            UnixStream::connect(&self.path).map_err(|source| ClientError::Connect {
+                path: self.path.clone(),
+                source,
+            })?;
+        stream.set_write_timeout(Some(self.timeout)).map_err(&io)?;
+        let body = serde_json::to_vec(&Request::Monitor { flows, sample }).map_err(|source| {
+            ClientError::Decode {
+                path: self.path.clone(),
+                source,
+            }
+        })?;
+        stream.write_all(&body).map_err(&io)?;
+        stream.shutdown(std::net::Shutdown::Write).map_err(&io)?;
+        let lines = std::io::BufReader::new(stream).lines();
+        Ok(lines.filter_map(move |line| {
+            let line = match line {
+                Ok(l) => l,
+                Err(e) => return Some(Err(io(e))),
+            };
+            match serde_json::from_str::<MonitorEvent>(&line) {
+                Ok(ev) if ev.kind == "tick" => None,
+                Ok(ev) => Some(Ok(ev)),
+                Err(source) => Some(match serde_json::from_str::<Response>(&line) {
+                    Ok(Response::Error(e)) => Err(ClientError::Api(e)),
+                    _ => Err(ClientError::Decode {
+                        path: path.clone(),
+                        source,
+                    }),
+                }),
+            }
+        }))
     }
 
     /// Sends `request` and returns the response; an error response becomes

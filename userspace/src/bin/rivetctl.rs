@@ -15,6 +15,10 @@ struct Cli {
     /// Agent API socket.
     #[arg(long, short, global = true, default_value = rivet_api::DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Pick the agent of node NAME: its socket `/run/rivet/NAME.sock` (for
+    /// machines running one agent per node, each with such a socket).
+    #[arg(long, global = true, conflicts_with = "socket")]
+    node: Option<String>,
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -30,7 +34,8 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Agent status: node, attachments, endpoint count.
+    /// Agent status: node, mode, attachments, map fill, store, readiness
+    /// (exits non-zero when the agent is not ready).
     Status,
     /// List endpoints (pods attached to this node).
     Endpoints,
@@ -39,8 +44,42 @@ enum Command {
         #[command(subcommand)]
         action: EndpointAction,
     },
-    /// Remote nodes: their pod subnets, addresses and how they are reached.
-    Nodes,
+    /// Routes to remote nodes: pod subnets, node addresses, how they are
+    /// reached, and the FDB (VTEP MAC, VNI).
+    #[command(alias = "nodes")]
+    Routes,
+    /// Connection-tracking (NAT) entries: masqueraded flows both ways and
+    /// hostPort connections.
+    Nat {
+        /// Only entries with this address on either side.
+        #[arg(long)]
+        ip: Option<Ipv4Addr>,
+        /// Only entries with this port on either side.
+        #[arg(long)]
+        port: Option<u16>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    /// hostPort mappings in the datapath, with the pod that owns each.
+    Portmaps,
+    /// Live datapath events, like `hubble observe`: every drop with its
+    /// reason, interface and 5-tuple; with --flows also forwarded and
+    /// passed packets (turned on in the datapath only while watched).
+    Monitor {
+        /// Also flow events.
+        #[arg(long)]
+        flows: bool,
+        /// Flow events for one packet in N.
+        #[arg(long, value_name = "N", requires = "flows")]
+        sample: Option<u32>,
+        /// Only events with this reason (drop reason or verdict).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Add, update or remove a remote node by hand (static clusters).
     Node {
         #[command(subcommand)]
@@ -51,6 +90,12 @@ enum Command {
         /// Also show counters that are zero.
         #[arg(long)]
         all: bool,
+        /// Print per-second rates every SECS seconds until interrupted.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<u64>,
+        /// With --watch: stop after this many samples.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
     },
     /// Install rivet-cni and its conflist on this node (or remove them).
     InstallCni {
@@ -70,7 +115,7 @@ enum Command {
         #[arg(long)]
         uninstall: bool,
     },
-    /// Print the rivetctl version.
+    /// Print the rivetctl version (and the agent's, if it answers).
     Version,
 }
 
@@ -145,10 +190,49 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
-    let client = Client::new(&cli.socket);
+    let socket = match &cli.node {
+        Some(node) => {
+            std::path::Path::new(rivet_api::DEFAULT_SOCKET).with_file_name(format!("{node}.sock"))
+        }
+        None => cli.socket.clone(),
+    };
+    let client = Client::new(&socket);
     let request = match &cli.command {
         Command::Version => {
             println!("rivetctl {}", env!("CARGO_PKG_VERSION"));
+            match client.call(&Request::Status {}) {
+                Ok(Response::Status(s)) => println!("rivetd {} (node {})", s.version, s.node_name),
+                Ok(other) => println!("rivetd: unexpected answer {other:?}"),
+                Err(e) => println!("rivetd: not reachable ({e})"),
+            }
+            return Ok(());
+        }
+        Command::Stats {
+            all,
+            watch: Some(secs),
+            count,
+        } => return watch_stats(&client, *secs, *count, *all),
+        Command::Monitor {
+            flows,
+            sample,
+            reason,
+            count,
+        } => {
+            let mut shown = 0;
+            for event in client.monitor(*flows, *sample)? {
+                let e = event?;
+                if reason.as_ref().is_some_and(|r| *r != e.reason) {
+                    continue;
+                }
+                match cli.output {
+                    Output::Json => println!("{}", serde_json::to_string(&e)?),
+                    Output::Table => println!("{}", monitor_line(&e)),
+                }
+                shown += 1;
+                if count.is_some_and(|c| shown >= c) {
+                    break;
+                }
+            }
             return Ok(());
         }
         Command::InstallCni {
@@ -175,7 +259,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
                 binary,
                 bin_dir: bin_dir.clone(),
                 conf_dir: conf_dir.clone(),
-                socket: cli.socket.clone(),
+                socket: socket.clone(),
                 network: network.clone(),
             };
             for p in rivet::install::install(&plan)? {
@@ -185,7 +269,13 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Status => Request::Status {},
         Command::Endpoints => Request::EndpointList {},
-        Command::Nodes => Request::NodeList {},
+        Command::Routes => Request::NodeList {},
+        Command::Nat { ip, port, limit } => Request::NatList {
+            ip: *ip,
+            port: *port,
+            limit: Some(*limit),
+        },
+        Command::Portmaps => Request::PortmapList {},
         Command::Node { action } => match action {
             NodeAction::Set {
                 subnet,
@@ -231,10 +321,103 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let response = client.call(&request)?;
     if matches!(cli.output, Output::Json) {
         println!("{}", serde_json::to_string_pretty(&response)?);
-        return Ok(());
+    } else {
+        let show_all = matches!(cli.command, Command::Stats { all: true, .. });
+        print_table(&response, show_all);
     }
-    let show_all = matches!(cli.command, Command::Stats { all: true });
-    print_table(&response, show_all);
+    match response {
+        Response::Status(s) if !s.ready => Err(format!(
+            "agent at {} is not ready: {}",
+            socket.display(),
+            s.not_ready.as_deref().unwrap_or("unknown reason")
+        )
+        .into()),
+        Response::Error(e) => Err(format!("agent at {}: {e}", socket.display()).into()),
+        _ => Ok(()),
+    }
+}
+
+/// One event as a line: time (UTC), kind, reason, interface, 5-tuple.
+fn monitor_line(e: &rivet_api::MonitorEvent) -> String {
+    let ms = (e.time * 1000.0) as u64 % 86_400_000;
+    let when = format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    );
+    let iface = format!("{}({})", e.ifname.as_deref().unwrap_or("?"), e.ifindex);
+    let what = if e.proto.is_empty() {
+        "non-IPv4".to_owned()
+    } else {
+        format!(
+            "{} {} -> {}{}",
+            e.proto,
+            e.src,
+            e.dst,
+            e.icmp
+                .as_ref()
+                .map_or_else(String::new, |t| format!(" type/code {t}"))
+        )
+    };
+    let lost = if e.lost > 0 {
+        format!("  ({} earlier events lost)", e.lost)
+    } else {
+        String::new()
+    };
+    format!(
+        "{when} {:<4} {:<22} {:<22} {what} len {}{lost}",
+        e.kind.to_uppercase(),
+        e.reason,
+        iface,
+        e.len
+    )
+}
+
+/// `stats --watch`: per-second rates of every counter that moved.
+fn watch_stats(
+    client: &Client,
+    secs: u64,
+    count: Option<u64>,
+    all: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let read = || -> Result<Vec<rivet_api::CounterValue>, Box<dyn std::error::Error>> {
+        match client.call(&Request::Stats {})? {
+            Response::Stats { counters } => Ok(counters),
+            other => Err(format!("unexpected answer: {other:?}").into()),
+        }
+    };
+    let interval = std::time::Duration::from_secs(secs.max(1));
+    let mut before = read()?;
+    let mut at = std::time::Instant::now();
+    let mut n = 0;
+    while count.is_none_or(|c| n < c) {
+        std::thread::sleep(interval);
+        let now = read()?;
+        let dt = at.elapsed().as_secs_f64();
+        at = std::time::Instant::now();
+        n += 1;
+        println!(
+            "{:<24} {:>12} {:>14} {:>14}",
+            "COUNTER", "PACKETS/S", "BYTES/S", "PACKETS"
+        );
+        for (b, c) in before.iter().zip(&now) {
+            let dp = c.packets.saturating_sub(b.packets);
+            if dp == 0 && !all {
+                continue;
+            }
+            println!(
+                "{:<24} {:>12.1} {:>14.1} {:>14}",
+                c.name,
+                dp as f64 / dt,
+                c.bytes.saturating_sub(b.bytes) as f64 / dt,
+                c.packets
+            );
+        }
+        println!();
+        before = now;
+    }
     Ok(())
 }
 
@@ -321,6 +504,17 @@ fn print_table(response: &Response, show_all: bool) {
                 "pod CIDR {}  gateway {}  MTU {}",
                 s.pod_cidr, s.gateway, s.mtu
             );
+            println!(
+                "ready: {}",
+                if s.ready {
+                    "yes".to_owned()
+                } else {
+                    format!("NO ({})", s.not_ready.as_deref().unwrap_or("?"))
+                }
+            );
+            if let Some(e) = &s.last_error {
+                println!("last error: {e}");
+            }
             println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
             println!(
                 "address pool: {} used of {} ({} free)",
@@ -351,6 +545,43 @@ fn print_table(response: &Response, show_all: bool) {
                 println!(
                     "  {:<15} {:<12} program {:>5}  link {:>5}",
                     a.interface, a.program, a.program_id, a.link_id
+                );
+            }
+        }
+        Response::Nat { entries, total } => {
+            println!(
+                "{:<5} {:<7} {:<22} {:<22} {:<22} {:<16} IDLE",
+                "PROTO", "DIR", "SOURCE", "DESTINATION", "TRANSLATED", "FLAGS"
+            );
+            for e in entries {
+                println!(
+                    "{:<5} {:<7} {:<22} {:<22} {:<22} {:<16} {}s",
+                    e.proto,
+                    e.dir,
+                    e.src,
+                    e.dst,
+                    e.translated,
+                    e.flags.join(","),
+                    e.idle_secs
+                );
+            }
+            println!("{} shown, {} in the table", entries.len(), total);
+        }
+        Response::Portmaps { mappings } => {
+            println!(
+                "{:<15} {:>6} {:<5} {:<15} {:>6} CONTAINER",
+                "HOST-IP", "PORT", "PROTO", "POD-IP", "TO"
+            );
+            for m in mappings {
+                println!(
+                    "{:<15} {:>6} {:<5} {:<15} {:>6} {}",
+                    m.host_ip
+                        .map_or_else(|| "*".to_owned(), |ip| ip.to_string()),
+                    m.host_port,
+                    m.protocol,
+                    m.pod_ip.to_string(),
+                    m.container_port,
+                    m.container_id.as_deref().unwrap_or("-")
                 );
             }
         }

@@ -52,6 +52,9 @@ struct Cli {
     /// API socket path.
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Metrics and health endpoints (address:port, or "off"; default 127.0.0.1:9402).
+    #[arg(long)]
+    metrics_addr: Option<String>,
     /// How programs attach to pod veths: tc (netlink cls_bpf, default) or tcx.
     #[arg(long)]
     pod_attach: Option<rivet::datapath::AttachMode>,
@@ -136,6 +139,7 @@ impl Cli {
             pin_dir: self.pin_dir.clone(),
             state_dir: self.state_dir.clone(),
             socket: self.socket.clone(),
+            metrics_addr: self.metrics_addr.clone(),
             pod_attach: self.pod_attach,
             mode: self.mode,
             cluster_cidr: self.cluster_cidr.clone(),
@@ -256,6 +260,27 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
         tokio::spawn(cluster.run(Arc::clone(&agent)));
     }
     let nat_collector = tokio::spawn(Arc::clone(&agent).collect_nat());
+    let events = {
+        let hub = Arc::clone(agent.events());
+        tokio::spawn(async move {
+            if let Err(e) = hub.run().await {
+                tracing::warn!(error = %e, "datapath events stopped");
+            }
+        })
+    };
+    let metrics = match agent.config().metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Metrics { addr, source })?;
+            tracing::info!(%addr, "serving metrics, /healthz, /readyz");
+            Some(tokio::spawn(rivet::metrics::serve(
+                Arc::clone(&agent),
+                listener,
+            )))
+        }
+        None => None,
+    };
     let listener = agent::bind(&socket)?;
     tracing::info!(socket = %socket.display(), "serving");
 
@@ -268,6 +293,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
                 tick.tick().await;
                 if let Err(e) = agent.reconcile().await {
                     tracing::warn!(error = %e, "reconcile");
+                    agent.note_error(format!("reconcile: {e}"));
                 }
             }
         })
@@ -275,6 +301,10 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
     reconciler.abort();
     nat_collector.abort();
+    events.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     agent.quiesce().await;
     let _ = std::fs::remove_file(&socket);
     tracing::info!("stopped; the datapath stays attached through its pins");

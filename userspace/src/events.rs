@@ -1,0 +1,246 @@
+//! Datapath events: a task reads the `EVENTS` ring buffer (its own handle
+//! on the pinned map), decodes each record — reason name, interface name,
+//! 5-tuple — and fans it out to `monitor` clients over a broadcast channel.
+//! Flow events are switched on in `EVENT_CONFIG` while at least one client
+//! asks for them, and off again when the last one leaves: no client, no
+//! cost beyond one map lookup per packet.
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::{Mutex, PoisonError},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use aya::maps::{Array, Map, MapData, MapError, RingBuf};
+use rivet_api::MonitorEvent;
+use rivet_common::{Counter, Event, EventConfig, event_kind, ipv4_from_key};
+use tokio::{io::unix::AsyncFd, sync::broadcast};
+
+/// Events errors.
+#[derive(Debug, thiserror::Error)]
+pub enum EventsError {
+    /// A pinned map could not be opened.
+    #[error("event map {path}: {source}")]
+    Map {
+        /// Pin path.
+        path: PathBuf,
+        /// Cause.
+        source: Box<MapError>,
+    },
+    /// Waiting on the ring buffer failed.
+    #[error("event ring buffer {path}: {source}")]
+    Io {
+        /// Pin path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// The agent's event hub.
+#[derive(Debug)]
+pub struct Events {
+    tx: broadcast::Sender<MonitorEvent>,
+    /// Sampling rates the flow subscribers asked for (the finest wins).
+    flow_wants: Mutex<Vec<u32>>,
+    ring_pin: PathBuf,
+    config_pin: PathBuf,
+}
+
+/// A client's view; dropping it withdraws its flow request.
+pub struct Subscription<'a> {
+    /// The events.
+    pub rx: broadcast::Receiver<MonitorEvent>,
+    hub: &'a Events,
+    flow: Option<u32>,
+}
+
+impl Drop for Subscription<'_> {
+    fn drop(&mut self) {
+        if let Some(rate) = self.flow {
+            let mut wants = self
+                .hub
+                .flow_wants
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(i) = wants.iter().position(|w| *w == rate) {
+                wants.remove(i);
+            }
+            self.hub.apply(&wants);
+        }
+    }
+}
+
+impl Events {
+    /// A hub for the maps pinned at `ring_pin` and `config_pin`.
+    pub fn new(ring_pin: PathBuf, config_pin: PathBuf) -> Self {
+        let (tx, _) = broadcast::channel(4096);
+        let hub = Self {
+            tx,
+            flow_wants: Mutex::new(Vec::new()),
+            ring_pin,
+            config_pin,
+        };
+        // A previous agent may have left flow events on.
+        hub.apply(&[]);
+        hub
+    }
+
+    /// Subscribes; `flow`: also flow events, one packet in this many.
+    pub fn subscribe(&self, flow: Option<u32>) -> Subscription<'_> {
+        let flow = flow.map(|f| f.max(1));
+        if let Some(rate) = flow {
+            let mut wants = self
+                .flow_wants
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            wants.push(rate);
+            self.apply(&wants);
+        }
+        Subscription {
+            rx: self.tx.subscribe(),
+            hub: self,
+            flow,
+        }
+    }
+
+    /// Writes the flow sampling the subscribers need (0: off).
+    fn apply(&self, wants: &[u32]) {
+        let flow_sample = wants.iter().copied().min().unwrap_or(0);
+        let result = MapData::from_pin(&self.config_pin).and_then(|data| {
+            let mut array: Array<MapData, EventConfig> = Array::try_from(Map::Array(data))?;
+            array.set(0, EventConfig { flow_sample }, 0)
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "switching flow events");
+        }
+    }
+
+    /// Reads the ring buffer until the task is aborted.
+    pub async fn run(&self) -> Result<(), EventsError> {
+        let map_err = |source| EventsError::Map {
+            path: self.ring_pin.clone(),
+            source: Box::new(source),
+        };
+        let data = MapData::from_pin(&self.ring_pin).map_err(map_err)?;
+        let ring = RingBuf::try_from(Map::RingBuf(data)).map_err(map_err)?;
+        // SAFETY: the ring buffer owns its map fd for as long as it lives,
+        // and the AsyncFd owns the ring buffer: the fd stays open and the
+        // same until the AsyncFd is dropped.
+        let mut fd = unsafe { AsyncFd::register(ring) }.map_err(|e| EventsError::Io {
+            path: self.ring_pin.clone(),
+            source: e.into(),
+        })?;
+        loop {
+            let mut guard = fd.readable_mut().await.map_err(|source| EventsError::Io {
+                path: self.ring_pin.clone(),
+                source,
+            })?;
+            let ring = guard.get_inner_mut();
+            while let Some(item) = ring.next() {
+                if item.len() < size_of::<Event>() {
+                    continue;
+                }
+                // SAFETY: the record holds at least one `Event` (checked),
+                // written by the datapath; read unaligned, as a copy.
+                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) };
+                // No subscriber: the event is simply not kept.
+                let _ = self.tx.send(decode(&ev));
+            }
+            guard.clear_ready();
+        }
+    }
+}
+
+/// The API form of a datapath record.
+pub fn decode(ev: &Event) -> MonitorEvent {
+    let reason = Counter::from_index(u32::from(ev.counter)).map_or_else(
+        || format!("counter_{}", ev.counter),
+        |c| c.name().to_owned(),
+    );
+    let reason = reason.strip_prefix("drop_").unwrap_or(&reason).to_owned();
+    let addr = |a: u32| Ipv4Addr::from(ipv4_from_key(a));
+    let (proto, src, dst, icmp) = match ev.proto {
+        0 => (String::new(), String::new(), String::new(), None),
+        1 => (
+            "icmp".into(),
+            addr(ev.src).to_string(),
+            addr(ev.dst).to_string(),
+            Some(format!("{}/{}", ev.sport, ev.dport)),
+        ),
+        p @ (6 | 17) => (
+            if p == 6 { "tcp" } else { "udp" }.into(),
+            format!("{}:{}", addr(ev.src), u16::from_be(ev.sport)),
+            format!("{}:{}", addr(ev.dst), u16::from_be(ev.dport)),
+            None,
+        ),
+        p => (
+            p.to_string(),
+            addr(ev.src).to_string(),
+            addr(ev.dst).to_string(),
+            None,
+        ),
+    };
+    MonitorEvent {
+        kind: if ev.kind == event_kind::DROP {
+            "drop"
+        } else {
+            "flow"
+        }
+        .into(),
+        reason,
+        ifindex: ev.ifindex,
+        ifname: ifname(ev.ifindex),
+        proto,
+        src,
+        dst,
+        icmp,
+        len: ev.len,
+        time: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        lost: 0,
+    }
+}
+
+/// The name of interface `index` in the agent's namespace.
+fn ifname(index: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let name = unsafe { libc::if_indextoname(index, buf.as_mut_ptr().cast()) };
+    if name.is_null() {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_a_tcp_drop() {
+        let ev = Event {
+            kind: event_kind::DROP,
+            proto: 6,
+            counter: Counter::DropSpoofedIp.index() as u16,
+            ifindex: 0,
+            src: rivet_common::ipv4_key([10, 0, 0, 2]),
+            dst: rivet_common::ipv4_key([10, 0, 0, 3]),
+            sport: 1234u16.to_be(),
+            dport: 80u16.to_be(),
+            len: 60,
+        };
+        let m = decode(&ev);
+        assert_eq!(
+            (m.kind.as_str(), m.reason.as_str(), m.proto.as_str()),
+            ("drop", "spoofed_ip", "tcp")
+        );
+        assert_eq!(
+            (m.src.as_str(), m.dst.as_str()),
+            ("10.0.0.2:1234", "10.0.0.3:80")
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! Prometheus metrics and health endpoints of the agent, on `metrics_addr`
+//! (default 127.0.0.1:9402, in the node's network namespace):
+//!
+//! - `GET /metrics`: OpenMetrics text. Datapath counters per reason and
+//!   path, map fill levels, endpoints, IPAM pool, cluster state, API
+//!   request latency by CNI verb — see [`encode`].
+//! - `GET /healthz`: 200 while the agent serves.
+//! - `GET /readyz`: 200 when the datapath is attached and, in cluster
+//!   mode, the store is synced; 503 with the reason otherwise.
+//!
+//! Datapath figures are read at scrape time (one pass over the pinned
+//! maps); only the request latencies live in the agent.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Incoming, header::CONTENT_TYPE};
+use hyper_util::rt::TokioIo;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{
+        counter::ConstCounter,
+        family::Family,
+        gauge::ConstGauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use rivet_api::{AgentStatus, CounterValue};
+use tokio::net::TcpListener;
+
+use crate::agent::Agent;
+
+/// Labels of the request-latency histograms.
+type VerbLabels = Vec<(String, String)>;
+/// Histogram family constructor.
+type NewHistogram = fn() -> Histogram;
+
+/// Latency of the agent's API requests, by the CNI verb they serve.
+#[derive(Clone, Debug)]
+pub struct RequestMetrics {
+    by_verb: Family<VerbLabels, Histogram, NewHistogram>,
+}
+
+impl Default for RequestMetrics {
+    fn default() -> Self {
+        Self {
+            // 0.25 ms … 4 s.
+            by_verb: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
+            }),
+        }
+    }
+}
+
+impl RequestMetrics {
+    /// Records one request of kind `verb` that took `took`.
+    pub fn observe(&self, verb: &str, took: Duration) {
+        self.by_verb
+            .get_or_create(&vec![("verb".to_owned(), verb.to_owned())])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// What one scrape reports, gathered by the agent.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Datapath counters.
+    pub counters: Vec<CounterValue>,
+    /// Agent status.
+    pub status: AgentStatus,
+    /// Fill levels: (map, entries, capacity).
+    pub maps: Vec<(&'static str, u64, u64)>,
+    /// Readiness.
+    pub ready: bool,
+}
+
+/// How a counter shows: the metric family and its label.
+fn family_of(name: &str) -> (&'static str, &'static str, &str) {
+    if let Some(reason) = name.strip_prefix("drop_") {
+        ("rivet_drop", "reason", reason)
+    } else if let Some(path) = name.strip_prefix("fwd_") {
+        ("rivet_forward", "path", path)
+    } else if name.starts_with("rev_") || name.starts_with("decap_") || name == "deliver_host" {
+        ("rivet_forward", "path", name)
+    } else {
+        ("rivet_pass", "reason", name)
+    }
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for (family, help) in [
+            ("rivet_drop", "Packets dropped by the datapath, by reason"),
+            (
+                "rivet_forward",
+                "Packets the datapath forwarded itself, by path (local, encap, decap, snat, dnat, ...)",
+            ),
+            (
+                "rivet_pass",
+                "Packets handed to the kernel stack or answered in BPF, by reason",
+            ),
+        ] {
+            for (unit, pick) in [
+                (
+                    "packets",
+                    (|c: &CounterValue| c.packets) as fn(&CounterValue) -> u64,
+                ),
+                ("bytes", |c: &CounterValue| c.bytes),
+            ] {
+                let name = format!("{family}_{unit}");
+                let mut metric = encoder.encode_descriptor(
+                    &name,
+                    help,
+                    None,
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for c in &self.counters {
+                    let (f, label, value) = family_of(&c.name);
+                    if f != family {
+                        continue;
+                    }
+                    let labels = [(label, value)];
+                    ConstCounter::new(pick(c)).encode(metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let gauge = |encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: i64| {
+            ConstGauge::new(v).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?)
+        };
+        for (name, help, pick) in [
+            (
+                "rivet_map_entries",
+                "Entries in a datapath map",
+                (|e: u64, _: u64| e) as fn(u64, u64) -> u64,
+            ),
+            ("rivet_map_capacity", "Capacity of a datapath map", |_, m| m),
+        ] {
+            let mut metric = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (map, entries, max) in &self.maps {
+                let labels = [("map", *map)];
+                ConstGauge::new(pick(*entries, *max) as i64)
+                    .encode(metric.encode_family(&labels)?)?;
+            }
+        }
+        let s = &self.status;
+        let insert_failed = self
+            .counters
+            .iter()
+            .find(|c| c.name == "drop_nat_insert_failed")
+            .map_or(0, |c| c.packets);
+        ConstCounter::new(insert_failed).encode(encoder.encode_descriptor(
+            "rivet_nat_insert_failures",
+            "New NAT flows dropped because their entries could not be inserted",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?)?;
+        ConstCounter::new(s.nat.evicted).encode(encoder.encode_descriptor(
+            "rivet_nat_evictions",
+            "NAT entries the full LRU table recycled",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?)?;
+        ConstCounter::new(s.nat.expired).encode(encoder.encode_descriptor(
+            "rivet_nat_expired",
+            "NAT entries the collector expired",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?)?;
+        gauge(
+            &mut encoder,
+            "rivet_endpoints",
+            "Pods attached to this node",
+            s.endpoints as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_ipam_pool_size",
+            "Addresses the node can hand out",
+            s.pool.size as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_ipam_pool_used",
+            "Addresses leased",
+            s.pool.used as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_cluster_peers",
+            "Other nodes known",
+            s.nodes as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_cluster_synced",
+            "1 when the cluster store is in sync (always, without one)",
+            i64::from(s.store_synced),
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_ready",
+            "1 when /readyz answers 200",
+            i64::from(self.ready),
+        )?;
+        gauge(
+            &mut encoder,
+            "rivet_uptime_seconds",
+            "Seconds since the agent started",
+            s.uptime_secs as i64,
+        )?;
+        Ok(())
+    }
+}
+
+/// The OpenMetrics text of `snapshot` and the request latencies.
+pub fn encode(snapshot: Snapshot, requests: &RequestMetrics) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register(
+        "rivet_api_request_duration_seconds",
+        "Agent API requests by CNI verb (ADD, DEL, CHECK, GC, STATUS; others by request)",
+        requests.by_verb.clone(),
+    );
+    registry.register_collector(Box::new(snapshot));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    match req.uri().path() {
+        "/metrics" => match agent.metrics_snapshot().await {
+            Ok(snapshot) => match encode(snapshot, agent.request_metrics()) {
+                Ok(text) => reply(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                ),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, e.to_string()),
+            },
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, e),
+        },
+        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/readyz" => match agent.readiness().await {
+            Ok(()) => reply(StatusCode::OK, TEXT, "ready\n".into()),
+            Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
+        },
+        _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+    }
+}
+
+/// Serves the metrics and health endpoints until the task is aborted.
+pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a metrics connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let agent = Arc::clone(&agent);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let agent = Arc::clone(&agent);
+                async move { Ok::<_, Infallible>(route(&agent, &req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection");
+            }
+        });
+    }
+}
