@@ -124,6 +124,36 @@ fn metrics_move_with_traffic_and_health_answers() {
         watch.contains("PACKETS/S") && watch.contains("fwd_local"),
         "{watch}"
     );
+    // Every listing parses as JSON with what it promises.
+    for (args, key) in [
+        (&["status"][..], "node_name"),
+        (&["endpoints"], "endpoints"),
+        (&["routes"], "nodes"),
+        (&["nat"], "entries"),
+        (&["portmaps"], "mappings"),
+        (&["stats"], "counters"),
+    ] {
+        let text = ok(&[&["-o", "json"][..], args].concat());
+        let json: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: {e}: {text}"));
+        assert!(json.get(key).is_some(), "{args:?} has {key}: {json}");
+    }
+
+    // The agent stopped: nothing answers, status says so and fails.
+    w.nodes[n].agent_mut().stop();
+    let refused = w.nodes[n]
+        .ns
+        .exec(|| TcpStream::connect(("127.0.0.1", METRICS_PORT)).is_err());
+    assert!(refused, "no health endpoint without the agent");
+    let out = rivetctl(&socket, &["status"]);
+    assert!(
+        !out.status.success(),
+        "status must fail with the agent down"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&socket.display().to_string()),
+        "the error names the socket"
+    );
 }
 
 #[test]
@@ -246,6 +276,10 @@ fn monitor_shows_drops_and_flows_with_names() {
     let mon = Monitor::start(&socket, &["--count", "1", "--reason", "spoofed_ip"]);
     let pod = &w.pods[a].ns;
     pod.ip(&["addr", "add", &format!("{spoofed}/32"), "dev", "eth0"]);
+    let sent = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
     let _ = pod.output(
         "ping",
         &[
@@ -268,6 +302,11 @@ fn monitor_shows_drops_and_flows_with_names() {
     assert_eq!(e["src"], spoofed.to_string(), "{e}");
     assert_eq!(e["dst"], b_ip.to_string(), "{e}");
     assert_eq!(e["icmp"], "8/0", "{e}");
+    let seen = e["time"].as_f64().expect("time") - sent;
+    assert!(
+        seen < 1.0,
+        "reported {seen:.3} s after the first spoofed packet"
+    );
     assert!(
         e["ifname"].as_str().is_some_and(|i| i.starts_with("rv")),
         "the pod's host veth: {e}"

@@ -125,3 +125,117 @@ pub fn uninstall(bin_dir: &Path, conf_dir: &Path) -> Result<Vec<PathBuf>, Instal
     }
     Ok(removed)
 }
+
+/// The systemd unit shipped with rivet.
+pub const SYSTEMD_UNIT: &str = include_str!("../../deploy/rivetd.service");
+/// The example configuration (every option, commented).
+pub const EXAMPLE_CONFIG: &str = include_str!("../../deploy/rivet.toml");
+/// Name of the unit file.
+pub const UNIT_NAME: &str = "rivetd.service";
+/// Name of the configuration file.
+pub const CONFIG_NAME: &str = "rivet.toml";
+
+/// A whole node: the agent, the CLI, the CNI plugin, the unit and the
+/// configuration.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// Directory holding the built `rivetd`, `rivetctl` and `rivet-cni`.
+    pub from: PathBuf,
+    /// Where `rivetd` and `rivetctl` go (`/usr/local/bin`).
+    pub bin_dir: PathBuf,
+    /// CNI binary and configuration directories, socket, network name.
+    pub cni: InstallPlan,
+    /// systemd unit directory (`/etc/systemd/system`).
+    pub unit_dir: PathBuf,
+    /// Configuration directory (`/etc/rivet`).
+    pub config_dir: PathBuf,
+    /// The configuration to write (default: [`EXAMPLE_CONFIG`]); an
+    /// existing file is kept.
+    pub config: Option<String>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, InstallError> {
+    std::fs::read(path).map_err(|source| InstallError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn create_dir(dir: &Path) -> Result<(), InstallError> {
+    std::fs::create_dir_all(dir).map_err(|source| {
+        InstallError::Write(StoreError {
+            what: "creating",
+            path: dir.to_owned(),
+            source,
+        })
+    })
+}
+
+/// Installs a node: binaries (0755), the CNI plugin and conflist, the unit
+/// (0644) and, unless one exists, the configuration (0644). Returns the
+/// paths written.
+pub fn install_node(plan: &NodePlan) -> Result<Vec<PathBuf>, InstallError> {
+    let mut written = Vec::new();
+    for dir in [&plan.bin_dir, &plan.unit_dir, &plan.config_dir] {
+        create_dir(dir)?;
+    }
+    for name in ["rivetd", "rivetctl"] {
+        let to = plan.bin_dir.join(name);
+        write_atomic_mode(&to, &read(&plan.from.join(name))?, 0o755)?;
+        root_owned(&to)?;
+        written.push(to);
+    }
+    written.extend(install(&InstallPlan {
+        binary: plan.from.join("rivet-cni"),
+        ..plan.cni.clone()
+    })?);
+    let unit = plan.unit_dir.join(UNIT_NAME);
+    write_atomic_mode(&unit, SYSTEMD_UNIT.as_bytes(), 0o644)?;
+    root_owned(&unit)?;
+    written.push(unit);
+    let config = plan.config_dir.join(CONFIG_NAME);
+    if !config.exists() {
+        let text = plan.config.as_deref().unwrap_or(EXAMPLE_CONFIG);
+        write_atomic_mode(&config, text.as_bytes(), 0o644)?;
+        root_owned(&config)?;
+        written.push(config);
+    }
+    Ok(written)
+}
+
+/// Removes a node's files after the datapath is gone (the caller runs
+/// `rivetd unload` first). The configuration is removed only if it is the
+/// one `install_node` wrote (`config`, or the example), else kept and
+/// reported in the second list.
+pub fn uninstall_node(plan: &NodePlan) -> Result<(Vec<PathBuf>, Vec<PathBuf>), InstallError> {
+    let mut removed = uninstall(&plan.cni.bin_dir, &plan.cni.conf_dir)?;
+    let mut kept = Vec::new();
+    let config = plan.config_dir.join(CONFIG_NAME);
+    let shipped = plan.config.as_deref().unwrap_or(EXAMPLE_CONFIG);
+    let mut doomed = vec![
+        plan.bin_dir.join("rivetd"),
+        plan.bin_dir.join("rivetctl"),
+        plan.unit_dir.join(UNIT_NAME),
+    ];
+    match std::fs::read_to_string(&config) {
+        Ok(text) if text == shipped => doomed.push(config),
+        Ok(_) => kept.push(config),
+        Err(_) => {}
+    }
+    for path in doomed {
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(InstallError::Write(StoreError {
+                    what: "removing",
+                    path,
+                    source,
+                }));
+            }
+        }
+    }
+    // The configuration directory goes too if nothing else is in it.
+    let _ = std::fs::remove_dir(&plan.config_dir);
+    Ok((removed, kept))
+}

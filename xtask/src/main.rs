@@ -74,8 +74,10 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         nodes: usize,
     },
-    /// Build, then install rivet-cni and its conflist on this machine
-    /// (`rivetctl install-cni`; paths configurable).
+    /// Build, then install this machine as a rivet node (`rivetctl
+    /// install`): rivetd and rivetctl in /usr/local/bin, rivet-cni and its
+    /// conflist, the systemd unit, /etc/rivet/rivet.toml (paths
+    /// configurable; extra arguments go to `rivetctl install`).
     Install {
         /// CNI binary directory.
         #[arg(long, default_value = "/opt/cni/bin")]
@@ -86,8 +88,12 @@ enum Cmd {
         /// Agent socket named in the conflist.
         #[arg(long, default_value = "/run/rivet/rivetd.sock")]
         socket: String,
+        /// More arguments for `rivetctl install` (--bin-dir, --unit-dir, ...).
+        #[arg(last = true)]
+        rest: Vec<String>,
     },
-    /// Remove what `install` wrote.
+    /// Undo `install` (`rivetctl uninstall`): stop the service, unload the
+    /// datapath (pod veths, programs, links, pins, state), remove the files.
     Uninstall {
         /// CNI binary directory.
         #[arg(long, default_value = "/opt/cni/bin")]
@@ -95,6 +101,9 @@ enum Cmd {
         /// CNI configuration directory.
         #[arg(long, default_value = "/etc/cni/net.d")]
         conf_dir: String,
+        /// More arguments for `rivetctl uninstall`.
+        #[arg(last = true)]
+        rest: Vec<String>,
     },
     /// Benchmarks (see BENCHMARKS.md).
     Bench {
@@ -224,31 +233,37 @@ fn run(cmd: Cmd) -> Result<()> {
             bin_dir,
             conf_dir,
             socket,
+            rest,
         } => {
             build()?;
             let cni = static_cni(true)?;
-            run_cmd(Command::new(root().join("target/release/rivetctl")).args([
-                "--socket",
-                &socket,
-                "install-cni",
-                "--binary",
-                &cni.to_string_lossy(),
-                "--bin-dir",
-                &bin_dir,
-                "--conf-dir",
-                &conf_dir,
-            ]))
+            run_cmd(
+                Command::new(root().join("target/release/rivetctl"))
+                    .args(["--socket", &socket, "install", "--from"])
+                    .arg(root().join("target/release"))
+                    .arg("--cni-binary")
+                    .arg(&cni)
+                    .args(["--cni-bin-dir", &bin_dir, "--cni-conf-dir", &conf_dir])
+                    .args(&rest),
+            )
         }
-        Cmd::Uninstall { bin_dir, conf_dir } => {
+        Cmd::Uninstall {
+            bin_dir,
+            conf_dir,
+            rest,
+        } => {
             build()?;
-            run_cmd(Command::new(root().join("target/release/rivetctl")).args([
-                "install-cni",
-                "--uninstall",
-                "--bin-dir",
-                &bin_dir,
-                "--conf-dir",
-                &conf_dir,
-            ]))
+            run_cmd(
+                Command::new(root().join("target/release/rivetctl"))
+                    .args([
+                        "uninstall",
+                        "--cni-bin-dir",
+                        &bin_dir,
+                        "--cni-conf-dir",
+                        &conf_dir,
+                    ])
+                    .args(&rest),
+            )
         }
         Cmd::Bench { args } => {
             build()?;

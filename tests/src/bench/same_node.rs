@@ -57,10 +57,12 @@ impl FlowWatcher {
             };
             let mut n = 0;
             for e in events {
-                if e.is_err() || flag.load(Ordering::Relaxed) {
-                    break;
+                match e {
+                    Err(_) => break,
+                    _ if flag.load(Ordering::Relaxed) => break,
+                    Ok(e) if e.kind != "tick" => n += 1,
+                    Ok(_) => {}
                 }
-                n += 1;
             }
             n
         });

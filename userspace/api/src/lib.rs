@@ -683,7 +683,9 @@ impl Client {
     }
 
     /// Starts a [`Request::Monitor`] stream: an iterator over the events
-    /// (keep-alive lines skipped) that ends when the agent does.
+    /// that ends when the agent does. It also yields the agent's keep-alive
+    /// events (`kind == "tick"`, one a second) so that a caller can stop
+    /// reading even when nothing happens; skip them.
     pub fn monitor(
         &self,
         flows: bool,
@@ -713,22 +715,17 @@ impl Client {
         stream.write_all(&body).map_err(&io)?;
         stream.shutdown(std::net::Shutdown::Write).map_err(&io)?;
         let lines = std::io::BufReader::new(stream).lines();
-        Ok(lines.filter_map(move |line| {
-            let line = match line {
-                Ok(l) => l,
-                Err(e) => return Some(Err(io(e))),
-            };
-            match serde_json::from_str::<MonitorEvent>(&line) {
-                Ok(ev) if ev.kind == "tick" => None,
-                Ok(ev) => Some(Ok(ev)),
-                Err(source) => Some(match serde_json::from_str::<Response>(&line) {
-                    Ok(Response::Error(e)) => Err(ClientError::Api(e)),
-                    _ => Err(ClientError::Decode {
+        Ok(lines.map(move |line| {
+            let line = line.map_err(&io)?;
+            serde_json::from_str::<MonitorEvent>(&line).map_err(
+                |source| match serde_json::from_str::<Response>(&line) {
+                    Ok(Response::Error(e)) => ClientError::Api(e),
+                    _ => ClientError::Decode {
                         path: path.clone(),
                         source,
-                    }),
-                }),
-            }
+                    },
+                },
+            )
         }))
     }
 
