@@ -874,9 +874,18 @@ async fn stream_events(
                 lost: 0,
             },
         };
-        let mut line = serde_json::to_vec(&event).map_err(std::io::Error::other)?;
-        line.push(b'\n');
-        stream.write_all(&line).await?;
+        // One write for this event and every one already waiting.
+        let mut lines = serde_json::to_vec(&event).map_err(std::io::Error::other)?;
+        lines.push(b'\n');
+        while lines.len() < 64 * 1024 {
+            let Ok(mut ev) = sub.rx.try_recv() else {
+                break;
+            };
+            ev.lost = std::mem::take(&mut lost);
+            serde_json::to_writer(&mut lines, &ev).map_err(std::io::Error::other)?;
+            lines.push(b'\n');
+        }
+        stream.write_all(&lines).await?;
     }
 }
 

@@ -42,6 +42,9 @@ pub enum EventsError {
 #[derive(Debug)]
 pub struct Events {
     tx: broadcast::Sender<MonitorEvent>,
+    /// Interface names by index, looked up once per index (at flow-event
+    /// rates a lookup per event would cost more than the event).
+    names: Mutex<std::collections::HashMap<u32, Option<String>>>,
     /// Sampling rates the flow subscribers asked for (the finest wins).
     flow_wants: Mutex<Vec<u32>>,
     ring_pin: PathBuf,
@@ -78,6 +81,7 @@ impl Events {
         let (tx, _) = broadcast::channel(4096);
         let hub = Self {
             tx,
+            names: Mutex::new(std::collections::HashMap::new()),
             flow_wants: Mutex::new(Vec::new()),
             ring_pin,
             config_pin,
@@ -145,15 +149,38 @@ impl Events {
                 // SAFETY: the record holds at least one `Event` (checked),
                 // written by the datapath; read unaligned, as a copy.
                 let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) };
+                if self.tx.receiver_count() == 0 {
+                    continue;
+                }
+                let mut decoded = decode(&ev);
+                decoded.ifname = self.ifname(ev.ifindex);
                 // No subscriber: the event is simply not kept.
-                let _ = self.tx.send(decode(&ev));
+                let _ = self.tx.send(decoded);
             }
             guard.clear_ready();
+            // Names of interfaces that went away must not stick forever.
+            let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+            if names.len() > 4096 {
+                names.clear();
+            }
         }
     }
 }
 
-/// The API form of a datapath record.
+impl Events {
+    /// The (cached) name of interface `index`; a miss is looked up again.
+    fn ifname(&self, index: u32) -> Option<String> {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(Some(name)) = names.get(&index) {
+            return Some(name.clone());
+        }
+        let name = ifname(index);
+        names.insert(index, name.clone());
+        name
+    }
+}
+
+/// The API form of a datapath record (interface name not filled in).
 pub fn decode(ev: &Event) -> MonitorEvent {
     let reason = Counter::from_index(u32::from(ev.counter)).map_or_else(
         || format!("counter_{}", ev.counter),
@@ -191,7 +218,7 @@ pub fn decode(ev: &Event) -> MonitorEvent {
         .into(),
         reason,
         ifindex: ev.ifindex,
-        ifname: ifname(ev.ifindex),
+        ifname: None,
         proto,
         src,
         dst,

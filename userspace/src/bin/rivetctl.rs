@@ -660,6 +660,15 @@ fn print_table(response: &Response, show_all: bool) {
             }
             println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
             println!(
+                "maps: ENDPOINTS {}/{}  ROUTES {}/{}  NAT {}/{}",
+                s.endpoints,
+                rivet_common::ENDPOINTS_MAX,
+                s.nodes,
+                rivet_common::ROUTES_MAX,
+                s.nat.entries,
+                s.nat.max_entries
+            );
+            println!(
                 "address pool: {} used of {} ({} free)",
                 s.pool.used,
                 s.pool.size,
