@@ -85,11 +85,7 @@ pub fn install(plan: &InstallPlan) -> Result<Vec<PathBuf>, InstallError> {
         source,
     })?;
     for dir in [&plan.bin_dir, &plan.conf_dir] {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError {
-            what: "creating",
-            path: dir.clone(),
-            source,
-        })?;
+        create_dir(dir)?;
     }
     let bin = plan.bin_dir.join("rivet-cni");
     write_atomic_mode(&bin, &binary, 0o755)?;

@@ -14,6 +14,7 @@ use serde::Serialize;
 pub mod cni;
 pub mod nat;
 pub mod overlay;
+pub mod plot;
 pub mod same_node;
 
 /// Sizes of a run.
@@ -245,7 +246,11 @@ pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Resu
         md.push_str(&r.markdown());
         md.push('\n');
     }
-    std::fs::write(dir.join("report.md"), md)
+    std::fs::write(dir.join("report.md"), md)?;
+    for r in reports {
+        plot::write_svgs(dir, r)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
