@@ -37,6 +37,16 @@ fn slug(text: &str) -> String {
         .join("-")
 }
 
+/// A metric name as a file name part: `throughput_gbps (nic)` →
+/// `throughput_gbps-nic`.
+fn file_part(metric: &str) -> String {
+    metric
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 fn err(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
@@ -52,7 +62,7 @@ pub fn write_svgs(dir: &Path, report: &Report) -> std::io::Result<Vec<PathBuf>> 
     let mut written = Vec::new();
     let name = slug(&report.name);
     for (metric, by_variant) in &report.metrics {
-        let path = dir.join(format!("{name}-{metric}.svg"));
+        let path = dir.join(format!("{name}-{}.svg", file_part(metric)));
         metric_chart(&path, report, metric, by_variant)?;
         written.push(path);
     }
@@ -68,7 +78,7 @@ pub fn write_svgs(dir: &Path, report: &Report) -> std::io::Result<Vec<PathBuf>> 
             continue;
         }
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let path = dir.join(format!("{name}-{base}-vs-n.svg"));
+        let path = dir.join(format!("{name}-{}-vs-n.svg", file_part(base)));
         family_chart(&path, report, base, &points)?;
         written.push(path);
     }
@@ -240,6 +250,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let files = write_svgs(&dir, &r).expect("svgs");
         assert_eq!(files.len(), 4, "{files:?}");
+        assert_eq!(file_part("throughput_gbps (nic)"), "throughput_gbps-nic");
         let family =
             std::fs::read_to_string(dir.join("hostport-vs-n-p50_us-vs-n.svg")).expect("family");
         assert!(
