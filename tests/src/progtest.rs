@@ -341,3 +341,92 @@ impl Harness {
             .expect("peer");
     }
 }
+
+impl Harness {
+    /// A VXLAN frame from `src` (a node) to this node's uplink address
+    /// carrying `inner` (an IPv4 packet) with VNI `vni` on UDP port `port`.
+    pub fn vxlan_frame(&self, src: Ipv4Addr, vni: u32, port: u16, inner: &[u8]) -> Vec<u8> {
+        let udp_len = 8 + 8 + 14 + inner.len();
+        let mut udp = Vec::new();
+        udp.extend_from_slice(&49999u16.to_be_bytes());
+        udp.extend_from_slice(&port.to_be_bytes());
+        udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        udp.extend_from_slice(&0u16.to_be_bytes());
+        udp.extend_from_slice(&[
+            0x08,
+            0,
+            0,
+            0,
+            (vni >> 16) as u8,
+            (vni >> 8) as u8,
+            vni as u8,
+            0,
+        ]);
+        udp.extend_from_slice(&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP));
+        udp.extend_from_slice(inner);
+        let outer = Ipv4 {
+            protocol: 17,
+            payload: udp,
+            ..Ipv4::new(src, NODE_IP)
+        };
+        frame(&[&eth(self.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
+    }
+
+    /// An IPIP frame from `src` to this node carrying `inner`.
+    pub fn ipip_frame(&self, src: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
+        let outer = Ipv4 {
+            protocol: 4,
+            payload: inner.to_vec(),
+            ..Ipv4::new(src, NODE_IP)
+        };
+        frame(&[&eth(self.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
+    }
+
+    /// Mean in-kernel duration (ns) of `runs` single runs of `prog` on
+    /// `data` (each run on a fresh copy: the programs rewrite packets, so
+    /// the kernel's own `repeat` would measure a changing packet).
+    pub fn time(&self, prog: &str, data: &[u8], ifindex: u32, runs: u32) -> f64 {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(prog)
+            .expect("program")
+            .try_into()
+            .expect("classifier");
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut out = vec![0u8; data.len() + 512];
+        let mut total = std::time::Duration::ZERO;
+        for _ in 0..runs {
+            let mut opts = TestRunOptions::new();
+            opts.data_in = Some(data);
+            opts.data_out = Some(&mut out);
+            opts.ctx_in = Some(&ctx);
+            total += prog.test_run(opts).expect("test_run").duration;
+        }
+        total.as_nanos() as f64 / f64::from(runs.max(1))
+    }
+}
+
+impl Harness {
+    /// Turns masquerade on with the given port range; the pod CIDR
+    /// (10.9.0.0/16) stays un-masqueraded, as the agent sets it.
+    pub fn enable_nat(&mut self, port_min: u16, port_max: u16) {
+        let mut cfg: Array<&mut MapData, rivet_common::NatConfig> =
+            Array::try_from(self.ebpf.map_mut("NAT_CONFIG").expect("map")).expect("array");
+        cfg.set(
+            0,
+            rivet_common::NatConfig {
+                flags: rivet_common::nat_config_flags::MASQUERADE,
+                port_min,
+                port_max,
+                ts_base: 0x1234_5678,
+            },
+            0,
+        )
+        .expect("nat config");
+        let mut no: LpmTrie<&mut MapData, u32, u32> =
+            LpmTrie::try_from(self.ebpf.map_mut("NO_MASQ").expect("map")).expect("lpm");
+        no.insert(&Key::new(16, ipv4_key([10, 9, 0, 0])), 1, 0)
+            .expect("no-masq");
+    }
+}

@@ -8,10 +8,8 @@
 
 use std::net::Ipv4Addr;
 
-use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
-use rivet_common::{
-    Counter, NatConfig, NatEntry, NatKey, ipv4_key, nat_config_flags, nat_dir, program_names,
-};
+use aya::maps::{HashMap, MapData};
+use rivet_common::{Counter, NatEntry, NatKey, ipv4_key, nat_dir, program_names};
 use rivet_tests::{
     packet::{ETH_P_IP, Ipv4, checksum, eth, frame, ipv4_checksum_ok},
     progtest::*,
@@ -74,27 +72,6 @@ fn l4_checksum_ok(frame: &[u8], off: usize) -> bool {
     checksum(&[pseudo(src, dst, ip[9], seg.len()), seg.to_vec()].concat()) == 0
 }
 
-fn enable_nat(h: &mut Harness, port_min: u16, port_max: u16) {
-    let mut cfg: Array<&mut MapData, NatConfig> =
-        Array::try_from(h.ebpf.map_mut("NAT_CONFIG").expect("map")).expect("array");
-    cfg.set(
-        0,
-        NatConfig {
-            flags: nat_config_flags::MASQUERADE,
-            port_min,
-            port_max,
-            ts_base: 0x1234_5678,
-        },
-        0,
-    )
-    .expect("nat config");
-    // The cluster (pod) CIDR stays un-masqueraded, as the agent sets it.
-    let mut no: LpmTrie<&mut MapData, u32, u32> =
-        LpmTrie::try_from(h.ebpf.map_mut("NO_MASQ").expect("map")).expect("lpm");
-    no.insert(&Key::new(16, ipv4_key([10, 9, 0, 0])), 1, 0)
-        .expect("no-masq");
-}
-
 fn nat_entries(h: &Harness) -> Vec<(NatKey, NatEntry)> {
     let map: HashMap<&MapData, NatKey, NatEntry> =
         HashMap::try_from(h.ebpf.map("NAT").expect("map")).expect("hash");
@@ -113,7 +90,7 @@ fn tcp_frame(h: &Harness, a: PodSide, sport: u16, flags: u8) -> Vec<u8> {
 #[test]
 fn new_flow_existing_flow_and_reply() {
     with_harness(|h| {
-        enable_nat(h, 61_000, 61_099);
+        h.enable_nat(61_000, 61_099);
         let a = h.a;
         let syn = tcp_frame(h, a, 40_000, 0x02);
         let out = h.expect(
@@ -212,7 +189,7 @@ fn new_flow_existing_flow_and_reply() {
 #[test]
 fn udp_and_icmp_echo_are_translated() {
     with_harness(|h| {
-        enable_nat(h, 62_000, 62_000);
+        h.enable_nat(62_000, 62_000);
         let a = h.a;
         // UDP (Ipv4::new is a UDP datagram with a zero checksum: stays zero).
         let udp = h.ip_frame(a, &Ipv4::new(a.ip, OUTSIDE));
@@ -323,7 +300,7 @@ fn udp_and_icmp_echo_are_translated() {
 #[test]
 fn exhausted_range_and_untranslatable_packets_are_dropped() {
     with_harness(|h| {
-        enable_nat(h, 61_000, 61_001);
+        h.enable_nat(61_000, 61_001);
         let a = h.a;
         for sport in [40_001, 40_002] {
             h.expect(
@@ -410,7 +387,7 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
 #[test]
 fn full_table_recycles_flows_and_the_evictions_show() {
     with_harness_nat_max(8, |h| {
-        enable_nat(h, 61_000, 61_099);
+        h.enable_nat(61_000, 61_099);
         let a = h.a;
         // Ten flows, two entries each, into a table of eight: the LRU makes
         // room — a new flow is never refused for a full table.
@@ -467,7 +444,7 @@ fn pod_segment(h: &Harness, pod: PodSide, sport: u16, flags: u8, counter: Counte
 fn ended_flow_port_goes_to_the_same_pods_next_flow() {
     with_harness(|h| {
         // One port: every flow toward the server competes for it.
-        enable_nat(h, 61_000, 61_000);
+        h.enable_nat(61_000, 61_000);
         let (a, b) = (h.a, h.b);
         let port = pod_segment(h, a, 40_001, 0x02, Counter::FwdSnat);
         assert_eq!(port, 61_000);
@@ -553,7 +530,7 @@ fn pod_segment_ts(h: &Harness, pod: PodSide, sport: u16, syn: bool, tsval: u32) 
 #[test]
 fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
     with_harness(|h| {
-        enable_nat(h, 61_000, 61_099);
+        h.enable_nat(61_000, 61_099);
         let (a, b) = (h.a, h.b);
         // Two connections whose own clocks are far apart (Linux gives each
         // a random offset): the server sees one clock, rising.

@@ -195,43 +195,6 @@ fn host_traffic_is_encapsulated_without_a_hop() {
 }
 
 /// Builds what a peer sends: VXLAN around `inner`, addressed to our uplink.
-fn vxlan_frame(h: &Harness, src: Ipv4Addr, vni: u32, port: u16, inner: &[u8]) -> Vec<u8> {
-    let udp_len = 8 + 8 + 14 + inner.len();
-    let mut outer = Ipv4 {
-        protocol: 17,
-        payload: Vec::new(),
-        ..Ipv4::new(src, Ipv4Addr::new(192, 168, 9, 10))
-    };
-    let mut udp = Vec::new();
-    udp.extend_from_slice(&49999u16.to_be_bytes());
-    udp.extend_from_slice(&port.to_be_bytes());
-    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    udp.extend_from_slice(&0u16.to_be_bytes());
-    udp.extend_from_slice(&[
-        0x08,
-        0,
-        0,
-        0,
-        (vni >> 16) as u8,
-        (vni >> 8) as u8,
-        vni as u8,
-        0,
-    ]);
-    udp.extend_from_slice(&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP));
-    udp.extend_from_slice(inner);
-    outer.payload = udp;
-    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
-}
-
-fn ipip_frame(h: &Harness, src: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
-    let outer = Ipv4 {
-        protocol: 4,
-        payload: inner.to_vec(),
-        ..Ipv4::new(src, Ipv4Addr::new(192, 168, 9, 10))
-    };
-    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
-}
-
 #[test]
 fn decap_matrix() {
     with_harness(|h| {
@@ -241,7 +204,7 @@ fn decap_matrix() {
         let up = h.uplink.0;
 
         // Known node, right VNI: delivered to pod B with redirect_peer.
-        let ok = vxlan_frame(h, PEER_IP, VNI, VXLAN_PORT, &inner.bytes());
+        let ok = h.vxlan_frame(PEER_IP, VNI, VXLAN_PORT, &inner.bytes());
         let out = h.expect(
             program_names::FROM_UPLINK,
             &ok,
@@ -270,7 +233,7 @@ fn decap_matrix() {
             Counter::DropTunnelUnknownPeer,
         );
         // Wrong VNI.
-        let vni7 = vxlan_frame(h, PEER_IP, 7, VXLAN_PORT, &inner.bytes());
+        let vni7 = h.vxlan_frame(PEER_IP, 7, VXLAN_PORT, &inner.bytes());
         h.expect(
             program_names::FROM_UPLINK,
             &vni7,
@@ -289,7 +252,7 @@ fn decap_matrix() {
             Counter::DropTunnelBadVni,
         );
         // Short: UDP header and VXLAN but no inner frame.
-        let short = vxlan_frame(h, PEER_IP, VNI, VXLAN_PORT, &[]);
+        let short = h.vxlan_frame(PEER_IP, VNI, VXLAN_PORT, &[]);
         let cut = &short[..short.len() - 14];
         h.expect(
             program_names::FROM_UPLINK,
@@ -331,7 +294,7 @@ fn decap_matrix() {
             Counter::DropTunnelNoEndpoint,
         );
         // Not ours: UDP to another port, TCP to the node, another node's IP.
-        let other_port = vxlan_frame(h, PEER_IP, VNI, 4789, &inner.bytes());
+        let other_port = h.vxlan_frame(PEER_IP, VNI, 4789, &inner.bytes());
         let out = h.expect(
             program_names::FROM_UPLINK,
             &other_port,
@@ -357,7 +320,7 @@ fn decap_matrix() {
         );
 
         // IPIP from a known node, and from a stranger.
-        let ipip = ipip_frame(h, PEER_IP, &inner.bytes());
+        let ipip = h.ipip_frame(PEER_IP, &inner.bytes());
         let out = h.expect(
             program_names::FROM_UPLINK,
             &ipip,
@@ -366,7 +329,7 @@ fn decap_matrix() {
             Counter::DecapIpip,
         );
         assert_eq!(&out[14..], &hop(&inner)[..]);
-        let ipip_stranger = ipip_frame(h, Ipv4Addr::new(203, 0, 113, 9), &inner.bytes());
+        let ipip_stranger = h.ipip_frame(Ipv4Addr::new(203, 0, 113, 9), &inner.bytes());
         h.expect(
             program_names::FROM_UPLINK,
             &ipip_stranger,

@@ -15,6 +15,7 @@ pub mod cni;
 pub mod nat;
 pub mod overlay;
 pub mod plot;
+pub mod progcost;
 pub mod same_node;
 
 /// Sizes of a run.

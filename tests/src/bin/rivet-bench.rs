@@ -36,16 +36,22 @@ enum Which {
     /// every mode, with veth-default and NIC-like underlays.
     Overlay,
     /// hostPort connect latency and rate vs the number of mappings: rivet's
-    /// BPF DNAT vs iptables DNAT rules (portmap's layout).
+    /// BPF DNAT vs iptables DNAT rules (portmap's layout) vs an nftables
+    /// map; masquerade vs iptables MASQUERADE.
     Nat,
+    /// Per-packet cost of each program path (BPF_PROG_TEST_RUN), with
+    /// small and full maps.
+    ProgCost,
 }
 
 fn main() {
     let args = Args::parse();
     let opts = if args.quick {
+        // A smoke run of every benchmark in under 3 minutes (measuring
+        // time; the release build before it is extra).
         Options {
-            rounds: 3,
-            secs: 2,
+            rounds: 2,
+            secs: 1,
             pods: 30,
         }
     } else {
@@ -56,7 +62,13 @@ fn main() {
         }
     };
     let which = if args.which.is_empty() {
-        vec![Which::SameNode, Which::Cni, Which::Overlay, Which::Nat]
+        vec![
+            Which::SameNode,
+            Which::Cni,
+            Which::Overlay,
+            Which::Nat,
+            Which::ProgCost,
+        ]
     } else {
         args.which
     };
@@ -67,6 +79,7 @@ fn main() {
             Which::SameNode => bench::same_node::run(&opts),
             Which::Cni => bench::cni::run(&opts),
             Which::Overlay => bench::overlay::run(&opts),
+            Which::ProgCost => bench::progcost::run(&opts),
             Which::Nat => bench::nat::run(
                 &opts,
                 if args.quick {
