@@ -218,8 +218,7 @@ fn decap_matrix() {
         assert_eq!(&out[14..], &hop(&inner)[..]);
 
         // Unknown source node.
-        let stranger = vxlan_frame(
-            h,
+        let stranger = h.vxlan_frame(
             Ipv4Addr::new(192, 168, 9, 99),
             VNI,
             VXLAN_PORT,
@@ -279,8 +278,7 @@ fn decap_matrix() {
             Counter::DropTunnelMalformed,
         );
         // Inner destination that is neither a local pod nor the node.
-        let nowhere = vxlan_frame(
-            h,
+        let nowhere = h.vxlan_frame(
             PEER_IP,
             VNI,
             VXLAN_PORT,

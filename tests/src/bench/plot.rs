@@ -51,6 +51,9 @@ fn err(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
+/// A metric measured at size N: (N, variant → samples).
+type SizedSeries<'a> = (f64, &'a BTreeMap<String, Series>);
+
 /// `name_n123` → (`name`, 123).
 fn sized(metric: &str) -> Option<(&str, f64)> {
     let (base, n) = metric.rsplit_once("_n")?;
@@ -67,7 +70,7 @@ pub fn write_svgs(dir: &Path, report: &Report) -> std::io::Result<Vec<PathBuf>> 
         written.push(path);
     }
     // metric families over N.
-    let mut families: BTreeMap<&str, Vec<(f64, &BTreeMap<String, Series>)>> = BTreeMap::new();
+    let mut families: BTreeMap<&str, Vec<SizedSeries<'_>>> = BTreeMap::new();
     for (metric, by_variant) in &report.metrics {
         if let Some((base, n)) = sized(metric) {
             families.entry(base).or_default().push((n, by_variant));
@@ -171,7 +174,7 @@ fn family_chart(
     path: &Path,
     report: &Report,
     base: &str,
-    points: &[(f64, &BTreeMap<String, Series>)],
+    points: &[SizedSeries<'_>],
 ) -> std::io::Result<()> {
     let (lo_n, hi_n) = (points[0].0, points[points.len() - 1].0);
     let top = points
