@@ -12,6 +12,7 @@ use std::{
 use serde::Serialize;
 
 pub mod cni;
+pub mod conn;
 pub mod nat;
 pub mod overlay;
 pub mod plot;

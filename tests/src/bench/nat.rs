@@ -13,51 +13,21 @@
 //! container's is.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    time::{Duration, Instant},
+    io::Write as _,
+    net::{Ipv4Addr, SocketAddr},
+    time::Instant,
 };
 
-use super::{Options, Report, percentile, progress};
+use super::{
+    Options, Report,
+    conn::{connection_loop, one_byte_server},
+    percentile, progress,
+};
 use crate::{Netns, World};
 
 const HOST_PORT: u16 = 8080;
 /// Ports of the other mappings: FILLER_BASE, FILLER_BASE + 1, ...
 const FILLER_BASE: u16 = 20_000;
-
-/// A server in `ns` on `port`: per connection, read 1 byte, answer 1 byte.
-fn one_byte_server(ns: &Netns, port: u16) {
-    let listener: TcpListener = ns
-        .exec(move || TcpListener::bind(("0.0.0.0", port)))
-        .expect("bind bench server");
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().map_while(Result::ok) {
-            let mut b = [0u8; 1];
-            if c.read_exact(&mut b).is_ok() {
-                let _ = c.write_all(&b);
-            }
-        }
-    });
-}
-
-/// Connect/exchange/close from inside `ns` for `secs`: latencies in µs.
-fn connection_loop(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
-    ns.exec(move || {
-        let end = Instant::now() + Duration::from_secs(u64::from(secs));
-        let mut out = Vec::new();
-        while Instant::now() < end {
-            let t = Instant::now();
-            let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
-                continue;
-            };
-            let mut b = [7u8; 1];
-            if s.write_all(&b).is_ok() && s.read_exact(&mut b).is_ok() {
-                out.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-        }
-        out
-    })
-}
 
 /// A kernel-NAT node (iptables or nftables): a plain namespace routing to
 /// its pod; the mappings are rules or map elements.

@@ -1,9 +1,16 @@
 //! Same-node pod-to-pod: rivet vs the reference bridge and ptp plugins vs a
 //! direct veth pair (the physical limit), interleaved.
 
-use std::{net::Ipv4Addr, time::Instant};
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    time::Instant,
+};
 
-use super::{Options, Report, progress};
+use super::{
+    Options, Report,
+    conn::{connection_loop, echo_server, one_byte_server, ping_pong},
+    percentile, progress,
+};
 use crate::{
     Netns, World,
     cni::{Plugin, result_ip},
@@ -31,14 +38,27 @@ struct CniPod {
 
 /// Runs the benchmark.
 /// The variants, measured interleaved in this order.
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     "rivet",
     "rivet+flows",
     "rivet+flows/100",
+    "rivet+flows-noclient",
     "bridge",
     "ptp",
     "veth",
 ];
+
+/// Sets node `n`'s flow-event switch directly (no monitor client: the
+/// datapath's share of the cost alone).
+fn set_flow_sample(world: &World, n: usize, flow_sample: u32) {
+    let path = world.nodes[n].pin_dir().join("maps/EVENT_CONFIG");
+    let data = aya::maps::MapData::from_pin(&path).expect("EVENT_CONFIG pin");
+    let mut array: aya::maps::Array<_, rivet_common::EventConfig> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(data)).expect("array");
+    array
+        .set(0, rivet_common::EventConfig { flow_sample }, 0)
+        .expect("flow switch");
+}
 
 /// A `monitor --flows` client reading events in the background.
 struct FlowWatcher {
@@ -176,6 +196,11 @@ pub fn run(opts: &Options) -> Report {
         .better
         .insert("throughput_gbps".into(), "higher".into());
     report.better.insert("rtt_avg_ms".into(), "lower".into());
+    for m in ["rr_p50_us", "rr_p99_us"] {
+        report.better.insert(m.into(), "lower".into());
+    }
+    report.better.insert("conns_per_s".into(), "higher".into());
+    report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 1 s (TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 1 s; rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
         .better
         .insert("tcp_retransmits".into(), "lower".into());
@@ -195,6 +220,13 @@ pub fn run(opts: &Options) -> Report {
     report.notes.push(
         "rivet+flows: rivet with flow events on for every packet (rivetctl monitor --flows: a client reads each event as JSON); rivet+flows/100: one packet in 100".into(),
     );
+    // The request/response and connection-rate servers of every variant.
+    for ns in
+        std::iter::once(&world.pods[b].ns).chain(pairs.iter().map(|p| &spaces[p.server_ns_index]))
+    {
+        echo_server(ns, 9100);
+        one_byte_server(ns, 9101);
+    }
     let total = (rounds + 1) * VARIANTS.len() as u32;
     let started = Instant::now();
     let mut done = 0;
@@ -205,6 +237,9 @@ pub fn run(opts: &Options) -> Report {
                 "same-node: round {round}/{rounds} {variant:<6} [{done}/{total}, {:.0}s]",
                 started.elapsed().as_secs_f64()
             ));
+            if variant == "rivet+flows-noclient" {
+                set_flow_sample(&world, n, 1);
+            }
             let watcher = match variant {
                 "rivet+flows" => Some(FlowWatcher::start(world.nodes[n].agent().client(), 1)),
                 "rivet+flows/100" => Some(FlowWatcher::start(world.nodes[n].agent().client(), 100)),
@@ -225,7 +260,12 @@ pub fn run(opts: &Options) -> Report {
             let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
             drop(srv);
             let rtt = ping(client, ip, 100, 0.005);
+            let rr = ping_pong(client, SocketAddr::from((ip, 9100)), 1);
+            let conns = connection_loop(client, SocketAddr::from((ip, 9101)), 1);
             let events = watcher.map(FlowWatcher::stop);
+            if variant == "rivet+flows-noclient" {
+                set_flow_sample(&world, n, 0);
+            }
             if round > 0 {
                 if let Some(events) = events {
                     report.add("flow_events", variant, events as f64);
@@ -235,6 +275,9 @@ pub fn run(opts: &Options) -> Report {
                 if let Some(avg) = rtt.avg_ms {
                     report.add("rtt_avg_ms", variant, avg);
                 }
+                report.add("rr_p50_us", variant, percentile(&rr, 50.0));
+                report.add("rr_p99_us", variant, percentile(&rr, 99.0));
+                report.add("conns_per_s", variant, conns.len() as f64);
             }
         }
     }

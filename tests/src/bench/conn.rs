@@ -1,0 +1,85 @@
+//! Connection-level probes shared by the benchmarks: a 1-byte echo
+//! server, a connect / 1-byte exchange / close loop (connection rate and
+//! per-connection latency), and a 1-byte ping-pong on one connection
+//! (request/response latency).
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use crate::Netns;
+
+/// A server in `ns` on `port`: per connection, read 1 byte, answer 1 byte.
+pub fn one_byte_server(ns: &Netns, port: u16) {
+    let listener: TcpListener = ns
+        .exec(move || TcpListener::bind(("0.0.0.0", port)))
+        .expect("bind bench server");
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().map_while(Result::ok) {
+            let mut b = [0u8; 1];
+            if c.read_exact(&mut b).is_ok() {
+                let _ = c.write_all(&b);
+            }
+        }
+    });
+}
+
+/// Connect/exchange/close from inside `ns` for `secs`: latencies in µs.
+pub fn connection_loop(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
+    ns.exec(move || {
+        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let mut out = Vec::new();
+        while Instant::now() < end {
+            let t = Instant::now();
+            let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
+                continue;
+            };
+            let mut b = [7u8; 1];
+            if s.write_all(&b).is_ok() && s.read_exact(&mut b).is_ok() {
+                out.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        out
+    })
+}
+
+/// A server in `ns` on `port` echoing every byte on each connection.
+pub fn echo_server(ns: &Netns, port: u16) {
+    let listener: TcpListener = ns
+        .exec(move || TcpListener::bind(("0.0.0.0", port)))
+        .expect("bind echo server");
+    std::thread::spawn(move || {
+        for c in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut c = c;
+                let _ = c.set_nodelay(true);
+                let mut b = [0u8; 1];
+                while c.read_exact(&mut b).is_ok() && c.write_all(&b).is_ok() {}
+            });
+        }
+    });
+}
+
+/// 1-byte request/response round trips on one TCP connection from inside
+/// `ns` for `secs`: the round-trip times in µs.
+pub fn ping_pong(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
+    ns.exec(move || {
+        let mut out = Vec::new();
+        let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
+            return out;
+        };
+        let _ = s.set_nodelay(true);
+        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let mut b = [7u8; 1];
+        while Instant::now() < end {
+            let t = Instant::now();
+            if s.write_all(&b).is_err() || s.read_exact(&mut b).is_err() {
+                break;
+            }
+            out.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        out
+    })
+}
