@@ -220,6 +220,13 @@ pub fn run(opts: &Options) -> Report {
     report.notes.push(
         "rivet+flows: rivet with flow events on for every packet (rivetctl monitor --flows: a client reads each event as JSON); rivet+flows/100: one packet in 100".into(),
     );
+    // Every client may reuse its TIME_WAIT ports (the rivet pods serve four
+    // variants per round: without it their ephemeral ports run out).
+    for ns in
+        std::iter::once(&world.pods[a].ns).chain(pairs.iter().map(|p| &spaces[p.client_ns_index]))
+    {
+        ns.run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    }
     // The request/response and connection-rate servers of every variant.
     for ns in
         std::iter::once(&world.pods[b].ns).chain(pairs.iter().map(|p| &spaces[p.server_ns_index]))
