@@ -26,10 +26,10 @@ pub fn one_byte_server(ns: &Netns, port: u16) {
     });
 }
 
-/// Connect/exchange/close from inside `ns` for `secs`: latencies in µs.
-pub fn connection_loop(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
+/// Connect/exchange/close from inside `ns` for `time`: latencies in µs.
+pub fn connection_loop(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> {
     ns.exec(move || {
-        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let end = Instant::now() + time;
         let mut out = Vec::new();
         while Instant::now() < end {
             let t = Instant::now();
@@ -63,15 +63,15 @@ pub fn echo_server(ns: &Netns, port: u16) {
 }
 
 /// 1-byte request/response round trips on one TCP connection from inside
-/// `ns` for `secs`: the round-trip times in µs.
-pub fn ping_pong(ns: &Netns, dst: SocketAddr, secs: u32) -> Vec<f64> {
+/// `ns` for `time`: the round-trip times in µs.
+pub fn ping_pong(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> {
     ns.exec(move || {
         let mut out = Vec::new();
         let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
             return out;
         };
         let _ = s.set_nodelay(true);
-        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let end = Instant::now() + time;
         let mut b = [7u8; 1];
         while Instant::now() < end {
             let t = Instant::now();

@@ -15,7 +15,7 @@
 use std::{
     io::Write as _,
     net::{Ipv4Addr, SocketAddr},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -241,7 +241,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                     opts.rounds,
                     started.elapsed().as_secs_f64()
                 ));
-                let lat = connection_loop(outside, dst, opts.secs);
+                let lat = connection_loop(outside, dst, Duration::from_secs(u64::from(opts.secs)));
                 assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
                 report.add(&p50, name, percentile(&lat, 50.0));
                 report.add(&p99, name, percentile(&lat, 99.0));
@@ -273,7 +273,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                 opts.rounds,
                 started.elapsed().as_secs_f64()
             ));
-            let lat = connection_loop(ns, dst, opts.secs);
+            let lat = connection_loop(ns, dst, Duration::from_secs(u64::from(opts.secs)));
             assert!(
                 !lat.is_empty(),
                 "{name}: no masqueraded connection succeeded"
