@@ -230,10 +230,7 @@ impl Harness {
             .expect("program")
             .try_into()
             .expect("classifier");
-        // struct __sk_buff: ifindex is the u32 at offset 40; everything the
-        // kernel does not accept from userspace stays zero.
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let ctx = skb_ctx(ifindex);
         let mut out = vec![0u8; data.len() + 512];
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(data);
@@ -285,6 +282,15 @@ impl Harness {
     pub fn ip_frame(&self, from: PodSide, ip: &Ipv4) -> Vec<u8> {
         frame(&[&eth(from.host_mac, from.mac, ETH_P_IP), &ip.bytes()])
     }
+}
+
+/// The `struct __sk_buff` a test run starts with: ifindex (the u32 at
+/// offset 40) set, everything the kernel does not accept from userspace
+/// zero.
+fn skb_ctx(ifindex: u32) -> [u8; 44] {
+    let mut ctx = [0u8; 44];
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
 }
 
 /// MAC of a link in the current namespace.
@@ -392,8 +398,7 @@ impl Harness {
             .expect("program")
             .try_into()
             .expect("classifier");
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let ctx = skb_ctx(ifindex);
         let mut out = vec![0u8; data.len() + 512];
         let mut total = std::time::Duration::ZERO;
         for _ in 0..runs {
@@ -428,5 +433,45 @@ impl Harness {
             LpmTrie::try_from(self.ebpf.map_mut("NO_MASQ").expect("map")).expect("lpm");
         no.insert(&Key::new(16, ipv4_key([10, 9, 0, 0])), 1, 0)
             .expect("no-masq");
+    }
+}
+
+impl Harness {
+    /// A TCP hostPort `host_port` (every node address) to `pod`'s
+    /// `container_port`, and the endpoint marked as having hostPorts — what
+    /// the agent writes for a pod's portMappings.
+    pub fn put_hostport(&mut self, host_port: u16, pod: PodSide, container_port: u16) {
+        let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
+            HashMap::try_from(self.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
+        eps.insert(
+            EndpointKey {
+                addr: ipv4_key(pod.ip.octets()),
+            },
+            EndpointInfo {
+                ifindex: pod.host_ifindex,
+                flags: endpoint_flags::READY | endpoint_flags::HOSTPORTS,
+                mac: pod.mac,
+                host_mac: pod.host_mac,
+            },
+            0,
+        )
+        .expect("endpoint");
+        let mut hp: HashMap<&mut MapData, rivet_common::HostPortKey, rivet_common::HostPortTarget> =
+            HashMap::try_from(self.ebpf.map_mut("HOSTPORTS").expect("map")).expect("hash");
+        hp.insert(
+            rivet_common::HostPortKey {
+                addr: 0,
+                port: host_port.to_be(),
+                proto: 6,
+                _pad: 0,
+            },
+            rivet_common::HostPortTarget {
+                pod_ip: ipv4_key(pod.ip.octets()),
+                port: container_port.to_be(),
+                _pad: [0; 2],
+            },
+            0,
+        )
+        .expect("hostport");
     }
 }

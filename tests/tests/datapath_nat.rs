@@ -580,43 +580,9 @@ fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
 
 #[test]
 fn hostport_hit_miss_and_reply() {
-    use rivet_common::{EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, endpoint_flags};
     with_harness(|h| {
         let a = h.a;
-        {
-            let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
-                HashMap::try_from(h.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
-            eps.insert(
-                EndpointKey {
-                    addr: ipv4_key(a.ip.octets()),
-                },
-                EndpointInfo {
-                    ifindex: a.host_ifindex,
-                    flags: endpoint_flags::READY | endpoint_flags::HOSTPORTS,
-                    mac: a.mac,
-                    host_mac: a.host_mac,
-                },
-                0,
-            )
-            .expect("endpoint");
-            let mut hp: HashMap<&mut MapData, HostPortKey, HostPortTarget> =
-                HashMap::try_from(h.ebpf.map_mut("HOSTPORTS").expect("map")).expect("hash");
-            hp.insert(
-                HostPortKey {
-                    addr: 0,
-                    port: 8080u16.to_be(),
-                    proto: 6,
-                    _pad: 0,
-                },
-                HostPortTarget {
-                    pod_ip: ipv4_key(a.ip.octets()),
-                    port: 80u16.to_be(),
-                    _pad: [0; 2],
-                },
-                0,
-            )
-            .expect("hostport");
-        }
+        h.put_hostport(8080, a, 80);
         let inbound = |dst: Ipv4Addr, port: u16| {
             let ip = Ipv4 {
                 protocol: 6,

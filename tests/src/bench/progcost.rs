@@ -11,8 +11,8 @@ use std::{net::Ipv4Addr, sync::Mutex};
 
 use aya::maps::{HashMap, MapData};
 use rivet_common::{
-    EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, NatEntry, NatKey, endpoint_flags,
-    ipv4_key, nat_dir, program_names, route_mode,
+    EndpointInfo, EndpointKey, NatEntry, NatKey, endpoint_flags, ipv4_key, nat_dir, program_names,
+    route_mode,
 };
 
 use super::{Options, Report, progress};
@@ -132,23 +132,7 @@ fn paths(h: &mut Harness) -> Vec<(&'static str, &'static str, Vec<u8>, u32)> {
 fn prepare(h: &mut Harness) {
     h.enable_nat(61_000, 65_535);
     let a = h.a;
-    let mut hp: HashMap<&mut MapData, HostPortKey, HostPortTarget> =
-        HashMap::try_from(h.ebpf.map_mut("HOSTPORTS").expect("map")).expect("hash");
-    hp.insert(
-        HostPortKey {
-            addr: 0,
-            port: 8080u16.to_be(),
-            proto: 6,
-            _pad: 0,
-        },
-        HostPortTarget {
-            pod_ip: ipv4_key(a.ip.octets()),
-            port: 80u16.to_be(),
-            _pad: [0; 2],
-        },
-        0,
-    )
-    .expect("hostport");
+    h.put_hostport(8080, a, 80);
 }
 
 /// Fills ENDPOINTS to 16,000 and NAT to 64,000 entries (other pods, other
