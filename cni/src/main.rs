@@ -7,12 +7,6 @@
 //! STATUS reports 50, and DEL still succeeds after removing what it can
 //! locally (the agent reconciles the rest when it returns).
 
-mod conf;
-mod delegate;
-mod local;
-mod result;
-mod skel;
-
 use std::{
     io::{Read as _, Write as _},
     os::unix::fs::MetadataExt as _,
@@ -20,12 +14,16 @@ use std::{
     time::Duration,
 };
 
-use conf::{NetConf, parse_cni_args};
 use rivet_api::{
     Client, ClientError, EndpointCheck, EndpointRef, EndpointSpec, ErrorKind, GcRequest, Request,
     Response,
 };
-use skel::{Args, CniError, Command, code};
+use rivet_cni::{
+    AddInputs,
+    conf::NetConf,
+    delegate, local, result,
+    skel::{self, Args, CniError, Command, code},
+};
 
 /// Bound on every exchange with the agent. ADDs are serialized in the agent,
 /// so under a storm one may wait for others; it never waits forever.
@@ -50,7 +48,6 @@ fn main() -> ExitCode {
         }
         run(&args, &stdin)
     });
-    let version = NetConf::version_of(&stdin).unwrap_or_else(|| skel::CURRENT_VERSION.to_owned());
     let mut out = std::io::stdout().lock();
     match outcome {
         Ok(Some(value)) => {
@@ -60,7 +57,7 @@ fn main() -> ExitCode {
         Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rivet-cni: {e}");
-            let _ = writeln!(out, "{}", e.to_json(&version));
+            let _ = writeln!(out, "{}", rivet_cni::error_json(&e, &stdin));
             ExitCode::FAILURE
         }
     }
@@ -70,8 +67,7 @@ fn run(args: &Args, stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError>
     if args.command == Command::Version {
         return Ok(Some(skel::version_json()));
     }
-    let conf = NetConf::parse(stdin)?;
-    skel::check_version(args.command, &conf.cni_version)?;
+    let conf = rivet_cni::decode_config(args, stdin)?;
     let client = Client::new(conf.socket()).with_timeout(AGENT_TIMEOUT);
     match args.command {
         Command::Add => cmd_add(args, &conf, stdin, &client).map(Some),
@@ -155,10 +151,12 @@ fn cmd_add(
             "",
         ));
     }
-    let cni_args = parse_cni_args(&args.cni_args)?;
-    let port_mappings = conf.port_mappings()?;
-    let routes = conf.routes()?;
-    let requested = cni_args.ip.or(conf.requested_ip()?);
+    let AddInputs {
+        cni_args,
+        port_mappings,
+        routes,
+        requested,
+    } = rivet_cni::add_inputs(args, conf)?;
 
     // Delegated IPAM chooses the address; rivet's IPAM is the agent.
     let delegated = conf.delegated_ipam();

@@ -143,12 +143,9 @@ impl Events {
             })?;
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
-                if item.len() < size_of::<Event>() {
+                let Some(ev) = parse_record(&item) else {
                     continue;
-                }
-                // SAFETY: the record holds at least one `Event` (checked),
-                // written by the datapath; read unaligned, as a copy.
-                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) };
+                };
                 if self.tx.receiver_count() == 0 {
                     continue;
                 }
@@ -178,6 +175,18 @@ impl Events {
         names.insert(index, name.clone());
         name
     }
+}
+
+/// The `Event` at the start of a ring-buffer record; `None` when the
+/// record is too short to hold one.
+pub fn parse_record(item: &[u8]) -> Option<Event> {
+    if item.len() < size_of::<Event>() {
+        return None;
+    }
+    // SAFETY: `item` holds at least `size_of::<Event>()` bytes (checked),
+    // `Event` is plain old data (`#[repr(C)]` integers, every bit pattern
+    // valid); read unaligned, as a copy.
+    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) })
 }
 
 /// The API form of a datapath record (interface name not filled in).
@@ -246,6 +255,22 @@ fn ifname(index: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_shorter_than_an_event_are_skipped() {
+        let mut bytes = vec![0u8; size_of::<Event>() + 3];
+        bytes[0] = event_kind::DROP;
+        bytes[1] = 17;
+        bytes[4..8].copy_from_slice(&7u32.to_ne_bytes());
+        assert!(parse_record(&bytes[..size_of::<Event>() - 1]).is_none());
+        // Unaligned and with trailing bytes: still the record at the start.
+        let ev = parse_record(&bytes[..size_of::<Event>()]).expect("a whole record");
+        assert_eq!((ev.kind, ev.proto, ev.ifindex), (event_kind::DROP, 17, 7));
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&bytes);
+        let ev = parse_record(&shifted[1..]).expect("unaligned record");
+        assert_eq!(ev.ifindex, 7);
+    }
 
     #[test]
     fn decodes_a_tcp_drop() {

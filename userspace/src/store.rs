@@ -86,19 +86,41 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Sto
 /// writing process (it stays within one page of the page cache).
 const PAGE: usize = 4096;
 
-/// Overwrites the start of `f` with `bytes`, padded with spaces (which JSON
-/// readers skip) to the file's current length, in one write.
-fn write_padded(f: &File, path: &Path, mut bytes: Vec<u8>) -> Result<(), StoreError> {
+/// Overwrites `f` with `bytes`, padded with spaces (which JSON readers
+/// skip) to the file's current length, in one write — only when the result
+/// fits in one page. Returns the bytes back, unwritten, when it does not
+/// (the new content or the old file is larger than a page: padding to the
+/// old length would not be one sub-page write, and padding less would leave
+/// the old file's tail behind the new record).
+fn write_padded(f: &File, path: &Path, mut bytes: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
     use std::os::unix::fs::FileExt as _;
     let old = f
         .metadata()
         .map_err(err("reading metadata of", path))?
         .len();
-    let old = usize::try_from(old).unwrap_or(usize::MAX).min(PAGE);
+    let old = usize::try_from(old).unwrap_or(usize::MAX);
+    if bytes.len().max(old) > PAGE {
+        return Ok(Some(bytes));
+    }
     if bytes.len() < old {
         bytes.resize(old, b' ');
     }
-    f.write_all_at(&bytes, 0).map_err(err("writing", path))
+    f.write_all_at(&bytes, 0).map_err(err("writing", path))?;
+    Ok(None)
+}
+
+/// Replaces `path` with `bytes` (mode 0600) by a rename, without fsync: a
+/// reader sees the old file or the new one, never a mix.
+fn replace_volatile(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, bytes).map_err(err("writing", &tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(err("chmod", &tmp))?;
+    fs::rename(&tmp, path).map_err(err("renaming into place", path))
 }
 
 /// Writes `bytes` to the small file `path` in place (created if missing),
@@ -112,7 +134,10 @@ pub fn write_hint(path: &Path, bytes: Vec<u8>) -> Result<(), StoreError> {
         .mode(0o600)
         .open(path)
         .map_err(err("opening", path))?;
-    write_padded(&f, path, bytes)
+    match write_padded(&f, path, bytes)? {
+        None => Ok(()),
+        Some(bytes) => replace_volatile(path, &bytes),
+    }
 }
 
 /// Records that parsed (with their keys) and files that did not.
@@ -153,18 +178,16 @@ impl RecordDir {
         let path = self.path(key);
         let bytes = serde_json::to_vec_pretty(value)
             .map_err(|e| err("serializing", &path)(io::Error::other(e)))?;
-        let tmp = self.dir.join(format!(".{key}.json.tmp"));
-        fs::write(&tmp, &bytes).map_err(err("writing", &tmp))?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(err("chmod", &tmp))?;
-        fs::rename(&tmp, &path).map_err(err("renaming into place", &path))
+        replace_volatile(&path, &bytes)
     }
 
     /// Rewrites the existing record `key` in place, without fsync: one
-    /// write of fewer than 4096 bytes at offset 0, padded with spaces to the
+    /// write of at most 4096 bytes at offset 0, padded with spaces to the
     /// old length, which a crash of this process cannot tear. Much cheaper
     /// than a rename over the old file (which makes ext4 start writeback of
     /// the new one, `auto_da_alloc`). Falls back to [`Self::save_volatile`]
-    /// when the record is missing or the new one is larger than a page.
+    /// when the record is missing or the new or the old one is larger than
+    /// a page.
     pub fn rewrite_volatile<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
         let path = self.path(key);
         let bytes = serde_json::to_vec_pretty(value)
@@ -173,7 +196,10 @@ impl RecordDir {
             return self.save_volatile(key, value);
         }
         match OpenOptions::new().write(true).open(&path) {
-            Ok(f) => write_padded(&f, &path, bytes),
+            Ok(f) => match write_padded(&f, &path, bytes)? {
+                None => Ok(()),
+                Some(bytes) => replace_volatile(&path, &bytes),
+            },
             Err(e) if e.kind() == io::ErrorKind::NotFound => self.save_volatile(key, value),
             Err(e) => Err(err("opening", &path)(e)),
         }
@@ -277,6 +303,41 @@ mod tests {
         );
         let hint = d.join("hint");
         write_hint(&hint, b"[1,2,3]".to_vec()).expect("hint");
+        write_hint(&hint, b"[4]".to_vec()).expect("shorter hint");
+        let v: Vec<u32> = serde_json::from_slice(&fs::read(&hint).expect("read")).expect("parse");
+        assert_eq!(v, vec![4]);
+        fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn rewriting_a_record_larger_than_a_page_leaves_no_tail() {
+        // A pending record over a page whose ready version fits in one
+        // (`"ready"` is shorter than `"pending"`): the in-place rewrite
+        // must not leave the old record's last bytes behind.
+        let d = tmpdir("page");
+        let store = RecordDir::open(&d).expect("open");
+        for (old, new) in [(PAGE + 1, PAGE - 2), (PAGE + 40, PAGE - 10), (3 * PAGE, 10)] {
+            // A JSON string of n bytes is n - 2 characters between quotes.
+            store
+                .save_volatile("a", &"o".repeat(old - 2))
+                .expect("save");
+            assert_eq!(
+                fs::metadata(d.join("a.json")).expect("meta").len(),
+                old as u64
+            );
+            store
+                .rewrite_volatile("a", &"n".repeat(new - 2))
+                .expect("rewrite");
+            let (good, bad) = store.load_all::<String>().expect("load");
+            assert!(
+                bad.is_empty(),
+                "{old} -> {new}: the record no longer parses"
+            );
+            assert_eq!(good.len(), 1, "{old} -> {new}");
+            assert!(good[0].1 == "n".repeat(new - 2), "{old} -> {new}");
+        }
+        let hint = d.join("hint");
+        write_hint(&hint, serde_json::to_vec(&vec![7u32; 2000]).expect("json")).expect("big");
         write_hint(&hint, b"[4]".to_vec()).expect("shorter hint");
         let v: Vec<u32> = serde_json::from_slice(&fs::read(&hint).expect("read")).expect("parse");
         assert_eq!(v, vec![4]);
