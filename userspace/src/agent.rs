@@ -801,6 +801,14 @@ pub async fn serve(
     }
 }
 
+/// Decodes one API request (the bytes a client sent before shutting down
+/// its write side, at most `MAX_MESSAGE`); a malformed one becomes the
+/// `bad_request` error that is answered.
+pub fn decode_request(body: &[u8]) -> Result<Request, ApiError> {
+    serde_json::from_slice::<Request>(body)
+        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("invalid request: {e}")))
+}
+
 async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::io::Result<()> {
     let started = std::time::Instant::now();
     let mut body = Vec::new();
@@ -815,15 +823,12 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
             "timed out reading the request",
         )),
         Ok(Err(e)) => return Err(e),
-        Ok(Ok(_)) => match serde_json::from_slice::<Request>(&body) {
+        Ok(Ok(_)) => match decode_request(&body) {
             Ok(Request::Monitor { flows, sample }) => {
                 return stream_events(agent, stream, flows.then(|| sample.unwrap_or(1))).await;
             }
             Ok(request) => agent.handle(request).await,
-            Err(e) => Response::Error(ApiError::new(
-                ErrorKind::BadRequest,
-                format!("invalid request: {e}"),
-            )),
+            Err(e) => Response::Error(e),
         },
     };
     let bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
