@@ -17,9 +17,11 @@ pub mod agent;
 pub mod bench;
 pub mod cni;
 pub mod flannel;
+pub mod metrics;
 pub mod netns;
 pub mod packet;
 pub mod progtest;
+pub mod raw;
 pub mod traffic;
 pub mod world;
 

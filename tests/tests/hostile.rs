@@ -1,0 +1,684 @@
+//! A hostile pod (`CAP_NET_RAW` inside its namespace) sends real frames
+//! with an `AF_PACKET` socket on its `eth0`: other pods' addresses, the
+//! node's, 0.0.0.0 and broadcast as source, a spoofed source MAC,
+//! gratuitous and poisoning ARP, IPv6 router advertisements and redirects,
+//! VXLAN and IPIP aimed at nodes, floods of SYNs and fragments.
+//!
+//! Each case checks, against a real agent and real pods: the named drop
+//! counter moved by exactly the number of frames sent and no other counter
+//! moved; the victims received nothing (interface counters and a listening
+//! socket); the node's and the victims' neighbour and route tables are
+//! unchanged. Every test ends with other pods' new TCP connections
+//! succeeding. A positive control per test proves the sender and the
+//! victim checks work (a legitimate frame is received).
+//!
+//! `HOSTILE_REPORT=1` prints one Markdown table row per case.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use rivet_tests::{
+    Netns, World,
+    packet::{ETH_P_ARP, arp, eth, frame},
+    raw::{self, RawSocket},
+    traffic::{connect, listen, tcp_transfer},
+};
+
+/// UDP port every victim listens on.
+const VICTIM_PORT: u16 = 9999;
+/// Frames per case.
+const N: usize = 25;
+/// The pods' gateway.
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Counters that traffic other than the hostile pod's may move: the
+/// underlay's own noise (`uplink_pass`, `host_pass`) and the pods' ARP for
+/// their gateway. Every other counter must stay put unless it is the one
+/// a case expects.
+const BACKGROUND: &[&str] = &["uplink_pass", "host_pass", "arp_reply", "arp_pass"];
+
+/// Neighbour and route tables of a namespace (IPv4 and IPv6), reduced to
+/// what an attack could change: neighbour address, device and MAC (not
+/// its NUD state, which ages by itself); every route of every table.
+#[derive(Debug, PartialEq, Eq)]
+struct Tables {
+    neigh: BTreeSet<String>,
+    routes: BTreeSet<String>,
+}
+
+fn ip_json(ns: &Netns, args: &[&str]) -> Vec<serde_json::Value> {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    let text = ns.ip(&full);
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("ip {full:?}: {e}: {text}"))
+}
+
+fn tables(ns: &Netns) -> Tables {
+    let mut neigh = BTreeSet::new();
+    for family in ["-4", "-6"] {
+        for e in ip_json(ns, &[family, "neigh", "show"]) {
+            neigh.insert(format!(
+                "{} dev {} lladdr {}",
+                e["dst"].as_str().unwrap_or("?"),
+                e["dev"].as_str().unwrap_or("?"),
+                e["lladdr"].as_str().unwrap_or("-")
+            ));
+        }
+    }
+    let mut routes = BTreeSet::new();
+    for family in ["-4", "-6"] {
+        for r in ip_json(ns, &[family, "route", "show", "table", "all"]) {
+            routes.insert(r.to_string());
+        }
+    }
+    Tables { neigh, routes }
+}
+
+/// Waits (bounded) until no IPv6 address of `ns` is still in duplicate
+/// address detection: a link-local address finishing DAD adds a local route
+/// by itself, which must not be mistaken for an attack's effect.
+fn wait_settled(ns: &Netns) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ns
+        .ip(&["-6", "addr", "show", "tentative"])
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "IPv6 DAD still running in {} after 10 s",
+            ns.name()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Packets received on `ifname` in `ns` (kernel interface counters).
+fn rx_packets(ns: &Netns, ifname: &str) -> u64 {
+    ip_json(ns, &["-s", "link", "show", ifname])
+        .first()
+        .and_then(|l| l["stats64"]["rx"]["packets"].as_u64())
+        .unwrap_or_else(|| panic!("rx counters of {ifname} in {}", ns.name()))
+}
+
+/// Packets sent on `ifname` in `ns`.
+fn tx_packets(ns: &Netns, ifname: &str) -> u64 {
+    ip_json(ns, &["-s", "link", "show", ifname])
+        .first()
+        .and_then(|l| l["stats64"]["tx"]["packets"].as_u64())
+        .unwrap_or_else(|| panic!("tx counters of {ifname} in {}", ns.name()))
+}
+
+/// A pod that must receive nothing: a UDP socket on [`VICTIM_PORT`] and its
+/// `eth0` counters.
+struct Victim<'a> {
+    name: String,
+    ns: &'a Netns,
+    sock: UdpSocket,
+}
+
+impl<'a> Victim<'a> {
+    fn new(w: &'a World, p: usize) -> Self {
+        let ns = &w.pods[p].ns;
+        let sock = ns
+            .exec(|| UdpSocket::bind(("0.0.0.0", VICTIM_PORT)))
+            .unwrap_or_else(|e| panic!("victim socket in {}: {e}", ns.name()));
+        sock.set_nonblocking(true).expect("non-blocking");
+        Self {
+            name: w.pods[p].name.clone(),
+            ns,
+            sock,
+        }
+    }
+
+    /// Datagrams waiting on the socket (consumed).
+    fn drain(&self) -> usize {
+        let mut buf = [0u8; 2048];
+        let mut n = 0;
+        while self.sock.recv_from(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// One row of the report.
+struct Row {
+    case: String,
+    frames: u64,
+    counter: &'static str,
+    delta: u64,
+    tables_unchanged: bool,
+}
+
+/// Everything a case looks at.
+struct Scene<'a> {
+    w: &'a World,
+    /// The node the hostile pod lives on.
+    home: usize,
+    sock: RawSocket,
+    victims: Vec<Victim<'a>>,
+    /// The hostile pod's MAC and its gateway's (host veth) MAC.
+    own_mac: [u8; 6],
+    gw_mac: [u8; 6],
+    own_ip: Ipv4Addr,
+    rows: Vec<Row>,
+}
+
+fn mac_of(text: &str) -> [u8; 6] {
+    raw::parse_mac(text).unwrap_or_else(|| panic!("bad MAC {text}"))
+}
+
+impl<'a> Scene<'a> {
+    fn new(w: &'a World, hostile: usize, victims: &[usize]) -> Self {
+        let pod = &w.pods[hostile];
+        let sock = RawSocket::open(&pod.ns, "eth0").expect("AF_PACKET socket in the pod");
+        for node in &w.nodes {
+            wait_settled(&node.ns);
+        }
+        for &v in victims {
+            wait_settled(&w.pods[v].ns);
+        }
+        Self {
+            w,
+            home: pod.node,
+            sock,
+            victims: victims.iter().map(|&v| Victim::new(w, v)).collect(),
+            own_mac: mac_of(&pod.endpoint.mac),
+            gw_mac: mac_of(&pod.endpoint.host_mac),
+            own_ip: pod.ip,
+            rows: Vec::new(),
+        }
+    }
+
+    fn counters(&self) -> Vec<BTreeMap<String, u64>> {
+        self.w.nodes.iter().map(|n| n.counters()).collect()
+    }
+
+    fn all_tables(&self) -> Vec<(String, Tables)> {
+        let mut v: Vec<(String, Tables)> = self
+            .w
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), tables(&n.ns)))
+            .collect();
+        v.extend(self.victims.iter().map(|x| (x.name.clone(), tables(x.ns))));
+        v
+    }
+
+    /// Sends `frames` and checks the case: `counter` on the home node moved
+    /// by exactly the number sent, no other counter of any node moved (but
+    /// [`BACKGROUND`]), no victim received anything, no table changed.
+    fn attack(&mut self, case: &str, counter: &'static str, frames: &[Vec<u8>]) {
+        // Nothing left over from a previous case.
+        for v in &self.victims {
+            v.drain();
+        }
+        let before = self.counters();
+        let tables_before = self.all_tables();
+        let rx_before: Vec<u64> = self
+            .victims
+            .iter()
+            .map(|v| rx_packets(v.ns, "eth0"))
+            .collect();
+        let hostile_ns = &self
+            .w
+            .pods
+            .iter()
+            .find(|p| p.ip == self.own_ip)
+            .expect("hostile")
+            .ns;
+        let tx_before = tx_packets(hostile_ns, "eth0");
+
+        let sent = self
+            .sock
+            .send_all(frames.iter().map(Vec::as_slice))
+            .unwrap_or_else(|e| panic!("{case}: sending: {e}"));
+        assert_eq!(sent, frames.len() as u64);
+        assert_eq!(
+            tx_packets(hostile_ns, "eth0") - tx_before,
+            sent,
+            "{case}: the pod's eth0 did not send every frame"
+        );
+
+        // The verdicts are counted as the host veth's backlog is processed:
+        // wait (bounded) for the expected counter, then a little more for
+        // anything that would wrongly have gone elsewhere.
+        let home = self.home;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let after = loop {
+            let now = self.counters();
+            let moved = moved(&before[home], &now[home], counter);
+            if moved >= sent || Instant::now() >= deadline {
+                break now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let delta = moved(&before[home], &after[home], counter);
+        assert_eq!(
+            delta,
+            sent,
+            "{case}: {counter} moved by {delta} for {sent} frames; home node: {:?}",
+            changes(&before[home], &after[home])
+        );
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            let other: BTreeMap<String, i128> = changes(b, a)
+                .into_iter()
+                .filter(|(k, _)| !BACKGROUND.contains(&k.as_str()))
+                .filter(|(k, _)| !(i == home && k == counter))
+                .collect();
+            assert!(
+                other.is_empty(),
+                "{case}: other counters moved on {}: {other:?}",
+                self.w.nodes[i].name
+            );
+        }
+        for (v, rx0) in self.victims.iter().zip(rx_before) {
+            assert_eq!(
+                rx_packets(v.ns, "eth0"),
+                rx0,
+                "{case}: victim {} received packets",
+                v.name
+            );
+            assert_eq!(v.drain(), 0, "{case}: victim {} got datagrams", v.name);
+        }
+        let tables_after = self.all_tables();
+        let unchanged = tables_before == tables_after;
+        for ((name, b), (_, a)) in tables_before.iter().zip(&tables_after) {
+            assert_eq!(b, a, "{case}: tables of {name} changed");
+        }
+        self.rows.push(Row {
+            case: case.to_owned(),
+            frames: sent,
+            counter,
+            delta,
+            tables_unchanged: unchanged,
+        });
+    }
+
+    /// The positive control: a legitimate datagram (own address and MAC)
+    /// to victim `v` arrives — so the sender works and the victim checks
+    /// can fail.
+    fn control(&self, v: usize, victim_ip: Ipv4Addr) {
+        let f = raw::ipv4_frame(
+            (self.gw_mac, self.own_mac),
+            (self.own_ip, victim_ip),
+            raw::IPPROTO_UDP,
+            raw::udp(self.own_ip, victim_ip, 40000, VICTIM_PORT, b"legit"),
+        );
+        self.sock.send(&f).expect("sending the control frame");
+        let victim = &self.victims[v];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while victim.drain() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "control: {} never received the legitimate datagram from {}",
+                victim.name,
+                self.own_ip
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn report(&self) {
+        if std::env::var_os("HOSTILE_REPORT").is_none() {
+            return;
+        }
+        for r in &self.rows {
+            eprintln!(
+                "| {} | {} | `{}` | {} | {} |",
+                r.case,
+                r.frames,
+                r.counter,
+                r.delta,
+                if r.tables_unchanged {
+                    "unchanged"
+                } else {
+                    "CHANGED"
+                }
+            );
+        }
+    }
+}
+
+fn moved(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, name: &str) -> u64 {
+    after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0)
+}
+
+/// Counters that differ between two readings.
+fn changes(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, i128> {
+    after
+        .iter()
+        .filter_map(|(k, &a)| {
+            let b = before.get(k).copied().unwrap_or(0);
+            (a != b).then(|| (k.clone(), i128::from(a) - i128::from(b)))
+        })
+        .collect()
+}
+
+/// `count` copies of a frame.
+fn times(count: usize, f: &[u8]) -> Vec<Vec<u8>> {
+    vec![f.to_vec(); count]
+}
+
+/// New TCP connections (with data) between every ordered pair of `pods`.
+fn assert_pods_connect(w: &World, pods: &[usize], port: &mut u16) {
+    for &a in pods {
+        for &b in pods {
+            if a == b {
+                continue;
+            }
+            *port += 1;
+            let moved = tcp_transfer(&w.pods[a].ns, &w.pods[b].ns, w.pods[b].ip, *port, 64 << 10);
+            assert_eq!(moved, 64 << 10);
+        }
+    }
+}
+
+/// A UDP datagram from `src` to a victim, framed with `src_mac`.
+fn udp_to(scene: &Scene, src_mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    raw::ipv4_frame(
+        (scene.gw_mac, src_mac),
+        (src, dst),
+        raw::IPPROTO_UDP,
+        raw::udp(src, dst, 40001, VICTIM_PORT, b"spoofed"),
+    )
+}
+
+/// Spoofed IPv4 sources and a spoofed source MAC: each dropped by
+/// anti-spoof under its reason before anything looks at the destination.
+#[test]
+fn spoofed_sources_are_dropped() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let hostile = w.add_pod(n);
+    let v1 = w.add_pod(n);
+    let v2 = w.add_pod(n);
+    let (ip1, ip2, node_ip) = (w.pods[v1].ip, w.pods[v2].ip, w.nodes[n].ip);
+    let v1_mac = mac_of(&w.pods[v1].endpoint.mac);
+    let mut s = Scene::new(&w, hostile, &[v1, v2]);
+    s.control(0, ip1);
+    s.control(1, ip2);
+    let (own_mac, own_ip) = (s.own_mac, s.own_ip);
+
+    let f = udp_to(&s, own_mac, ip1, ip2);
+    s.attack(
+        "source = another pod's IP",
+        "drop_spoofed_ip",
+        &times(N, &f),
+    );
+    let f = udp_to(&s, own_mac, node_ip, ip1);
+    s.attack("source = the node's IP", "drop_spoofed_ip", &times(N, &f));
+    let f = udp_to(&s, own_mac, GATEWAY, ip1);
+    s.attack(
+        "source = the gateway 169.254.1.1",
+        "drop_spoofed_ip",
+        &times(N, &f),
+    );
+    let f = udp_to(&s, own_mac, Ipv4Addr::UNSPECIFIED, ip1);
+    s.attack("source = 0.0.0.0", "drop_spoofed_ip", &times(N, &f));
+    let f = udp_to(&s, own_mac, Ipv4Addr::BROADCAST, ip1);
+    s.attack("source = 255.255.255.255", "drop_spoofed_ip", &times(N, &f));
+    let f = udp_to(&s, own_mac, Ipv4Addr::BROADCAST, Ipv4Addr::BROADCAST);
+    s.attack(
+        "source and destination = 255.255.255.255",
+        "drop_spoofed_ip",
+        &times(N, &f),
+    );
+    let f = udp_to(&s, v1_mac, own_ip, ip2);
+    s.attack(
+        "own IP, another pod's MAC",
+        "drop_spoofed_mac",
+        &times(N, &f),
+    );
+    let f = udp_to(&s, [0x02, 0xba, 0xd0, 0, 0, 1], own_ip, ip2);
+    s.attack("own IP, made-up MAC", "drop_spoofed_mac", &times(N, &f));
+    let f = udp_to(&s, v1_mac, ip1, ip2);
+    s.attack("another pod's IP and MAC", "drop_spoofed_ip", &times(N, &f));
+    s.report();
+
+    // The hostile pod's own, honest traffic still works, and so do the others'.
+    let mut port = 7000;
+    assert_pods_connect(&w, &[hostile, v1, v2], &mut port);
+}
+
+/// ARP: gratuitous ARP for the gateway and for another pod, replies that
+/// would poison a neighbour table, a sender MAC that is not the pod's.
+#[test]
+fn arp_attacks_are_dropped() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let hostile = w.add_pod(n);
+    let v1 = w.add_pod(n);
+    let v2 = w.add_pod(n);
+    let (ip1, node_ip) = (w.pods[v1].ip, w.nodes[n].ip);
+    let v1_mac = mac_of(&w.pods[v1].endpoint.mac);
+    let mut s = Scene::new(&w, hostile, &[v1, v2]);
+    s.control(0, ip1);
+    let (own, gw_mac, own_ip) = (s.own_mac, s.gw_mac, s.own_ip);
+    let bcast = raw::BROADCAST;
+    let arp_frame =
+        |dst: [u8; 6], src: [u8; 6], body: Vec<u8>| frame(&[&eth(dst, src, ETH_P_ARP), &body]);
+    let z = [0u8; 6];
+
+    // The honest cases first: a request for the gateway is answered, an
+    // ARP reply with the pod's own binding passes (and changes nothing:
+    // the node's entry for the pod is permanent).
+    let f = arp_frame(bcast, own, arp(1, own, own_ip, z, GATEWAY));
+    s.attack(
+        "control: request for the gateway",
+        "arp_reply",
+        &times(1, &f),
+    );
+    let f = arp_frame(gw_mac, own, arp(2, own, own_ip, gw_mac, GATEWAY));
+    s.attack(
+        "control: reply with its own binding",
+        "arp_pass",
+        &times(1, &f),
+    );
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "gratuitous ARP request claiming the gateway",
+            arp_frame(bcast, own, arp(1, own, GATEWAY, z, GATEWAY)),
+        ),
+        (
+            "gratuitous ARP reply claiming the gateway",
+            arp_frame(bcast, own, arp(2, own, GATEWAY, bcast, GATEWAY)),
+        ),
+        (
+            "gratuitous ARP request claiming another pod",
+            arp_frame(bcast, own, arp(1, own, ip1, z, ip1)),
+        ),
+        (
+            "gratuitous ARP reply claiming another pod",
+            arp_frame(bcast, own, arp(2, own, ip1, bcast, ip1)),
+        ),
+        (
+            "gratuitous ARP for its own address",
+            arp_frame(bcast, own, arp(1, own, own_ip, z, own_ip)),
+        ),
+        (
+            "reply poisoning: another pod is at my MAC (to the node)",
+            arp_frame(gw_mac, own, arp(2, own, ip1, gw_mac, node_ip)),
+        ),
+        (
+            "reply poisoning: the node is at my MAC",
+            arp_frame(gw_mac, own, arp(2, own, node_ip, gw_mac, GATEWAY)),
+        ),
+        (
+            "reply poisoning: the gateway is at my MAC (to another pod)",
+            arp_frame(v1_mac, own, arp(2, own, GATEWAY, v1_mac, ip1)),
+        ),
+        (
+            "reply binding my address to another pod's MAC",
+            arp_frame(gw_mac, own, arp(2, v1_mac, own_ip, gw_mac, GATEWAY)),
+        ),
+        (
+            "reply with another pod's MAC as Ethernet source",
+            arp_frame(gw_mac, v1_mac, arp(2, own, own_ip, gw_mac, GATEWAY)),
+        ),
+        (
+            "request from 0.0.0.0 (ARP probe)",
+            arp_frame(bcast, own, arp(1, own, Ipv4Addr::UNSPECIFIED, z, ip1)),
+        ),
+    ];
+    for (case, f) in &cases {
+        s.attack(case, "drop_arp_spoofed", &times(N, f));
+    }
+    // A request for anything but the gateway is not answered (and not
+    // passed: the host veth has no address to answer for).
+    let f = arp_frame(bcast, own, arp(1, own, own_ip, z, ip1));
+    s.attack(
+        "request for another pod's address",
+        "drop_arp_unsupported",
+        &times(N, &f),
+    );
+    s.report();
+
+    let mut port = 7000;
+    assert_pods_connect(&w, &[hostile, v1, v2], &mut port);
+}
+
+/// IPv6 router advertisements and redirects (rivet is IPv4-only; IPv6 is off
+/// on both veth ends): dropped before anything parses them.
+#[test]
+fn ipv6_router_advertisements_and_redirects_are_dropped() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let hostile = w.add_pod(n);
+    let v1 = w.add_pod(n);
+    let v2 = w.add_pod(n);
+    let v1_mac = mac_of(&w.pods[v1].endpoint.mac);
+    let mut s = Scene::new(&w, hostile, &[v1, v2]);
+    let (own, gw_mac) = (s.own_mac, s.gw_mac);
+    let ll = raw::link_local(own);
+    let all_nodes: Ipv6Addr = "ff02::1".parse().expect("address");
+    let ra = raw::icmpv6_frame(
+        (raw::ALL_NODES_MAC, own),
+        (ll, all_nodes),
+        raw::router_advertisement(own),
+    );
+    s.attack(
+        "IPv6 router advertisement to ff02::1",
+        "drop_unsupported_l3",
+        &times(N, &ra),
+    );
+    let ra = raw::icmpv6_frame(
+        (raw::ALL_NODES_MAC, gw_mac),
+        (raw::link_local(gw_mac), all_nodes),
+        raw::router_advertisement(gw_mac),
+    );
+    s.attack(
+        "IPv6 RA as the gateway (its MAC and link-local)",
+        "drop_unsupported_l3",
+        &times(N, &ra),
+    );
+    let redirect = raw::icmpv6_frame(
+        (gw_mac, own),
+        (ll, raw::link_local(gw_mac)),
+        raw::redirect(ll, "2001:db8::1".parse().expect("address"), own),
+    );
+    s.attack(
+        "ICMPv6 redirect to the node",
+        "drop_unsupported_l3",
+        &times(N, &redirect),
+    );
+    let redirect = raw::icmpv6_frame(
+        (v1_mac, own),
+        (ll, raw::link_local(v1_mac)),
+        raw::redirect(ll, "2001:db8::1".parse().expect("address"), own),
+    );
+    s.attack(
+        "ICMPv6 redirect to another pod",
+        "drop_unsupported_l3",
+        &times(N, &redirect),
+    );
+    s.report();
+
+    let mut port = 7000;
+    assert_pods_connect(&w, &[hostile, v1, v2], &mut port);
+}
+
+/// VXLAN (UDP 8472) and IPIP from a pod to its own node and to a peer node,
+/// each carrying a packet for a pod that decapsulation would deliver: all
+/// dropped at the pod's veth; the peer node's program never sees them.
+#[test]
+fn tunnels_aimed_at_nodes_are_dropped() {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, "vxlan");
+    let hostile = w.add_pod(nodes[0]);
+    let v1 = w.add_pod(nodes[0]);
+    let v2 = w.add_pod(nodes[1]);
+    let (ip1, ip2) = (w.pods[v1].ip, w.pods[v2].ip);
+    let (node1, node2) = (w.nodes[nodes[0]].ip, w.nodes[nodes[1]].ip);
+    let mut s = Scene::new(&w, hostile, &[v1, v2]);
+    s.control(0, ip1);
+    s.control(1, ip2);
+    let (own, gw_mac, own_ip) = (s.own_mac, s.gw_mac, s.own_ip);
+    // The inner packets claim to come from a pod on the other node.
+    let fake = |node: Ipv4Addr| -> Ipv4Addr {
+        if node == node1 {
+            Ipv4Addr::new(10, w.k, 2, 200)
+        } else {
+            Ipv4Addr::new(10, w.k, 1, 200)
+        }
+    };
+    let vtep = |ip: Ipv4Addr| -> [u8; 6] {
+        let o = ip.octets();
+        [0x0e, 0x72, o[0], o[1], o[2], o[3]]
+    };
+    for (target, victim_ip, what) in [(node1, ip1, "its own node"), (node2, ip2, "a peer node")] {
+        let inner_ip = raw::ipv4_frame(
+            (mac_of(&w.pods[v1].endpoint.mac), vtep(target)),
+            (fake(target), victim_ip),
+            raw::IPPROTO_UDP,
+            raw::udp(fake(target), victim_ip, 40002, VICTIM_PORT, b"injected"),
+        );
+        let vxlan = raw::ipv4_frame(
+            (gw_mac, own),
+            (own_ip, target),
+            raw::IPPROTO_UDP,
+            raw::vxlan_payload((own_ip, target), (40003, 8472), 1, &inner_ip),
+        );
+        s.attack(
+            &format!("VXLAN (UDP 8472, VNI 1) to {what}"),
+            "drop_tunnel_from_pod",
+            &times(N, &vxlan),
+        );
+        let ipip = raw::ipv4_frame(
+            (gw_mac, own),
+            (own_ip, target),
+            raw::IPPROTO_IPIP,
+            inner_ip[14..].to_vec(),
+        );
+        s.attack(
+            &format!("IPIP (protocol 4) to {what}"),
+            "drop_tunnel_from_pod",
+            &times(N, &ipip),
+        );
+    }
+    s.report();
+
+    let mut port = 7000;
+    assert_pods_connect(&w, &[hostile, v1, v2], &mut port);
+    // The other direction of the tunnel still works for real traffic.
+    let listener = listen(&w.pods[v1].ns, 7100);
+    let accept = std::thread::spawn(move || listener.accept().map(|(_, peer)| peer));
+    connect(
+        &w.pods[v2].ns,
+        SocketAddr::from((ip1, 7100)),
+        Duration::from_secs(5),
+    )
+    .expect("cross-node connection after the attack");
+    let peer = accept.join().expect("accept thread").expect("accept");
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(ip2));
+}
