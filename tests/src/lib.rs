@@ -17,6 +17,7 @@ pub mod agent;
 pub mod bench;
 pub mod cni;
 pub mod flannel;
+pub mod metrics;
 pub mod netns;
 pub mod packet;
 pub mod progtest;

@@ -143,7 +143,7 @@ pub fn prepare(cfg: &AgentConfig) -> Result<(PinLock, Datapath), AgentError> {
     let layout = PinLayout::new(&cfg.pin_dir);
     layout.create()?;
     let lock = layout.lock()?;
-    let dp = Datapath::load_with(&layout, cfg.nat.max_entries)?;
+    let dp = Datapath::load_with(&layout, &cfg.limits)?;
     Ok((lock, dp))
 }
 
@@ -365,33 +365,10 @@ impl Agent {
             Ok(other) => return Err(format!("stats: {other:?}")),
             Err(e) => return Err(e.to_string()),
         };
-        let hostports = {
-            let mut state = self.state.lock().await;
-            state.dp.list_hostports().map_err(|e| e.to_string())?.len() as u64
-        };
-        let maps = vec![
-            (
-                map_names::ENDPOINTS,
-                status.endpoints as u64,
-                u64::from(rivet_common::ENDPOINTS_MAX),
-            ),
-            (map_names::NAT, status.nat.entries, status.nat.max_entries),
-            (
-                map_names::HOSTPORTS,
-                hostports,
-                u64::from(rivet_common::HOSTPORTS_MAX),
-            ),
-            (
-                map_names::ROUTES,
-                status.nodes as u64,
-                u64::from(rivet_common::ROUTES_MAX),
-            ),
-        ];
         Ok(crate::metrics::Snapshot {
             ready: status.ready,
             counters,
             status,
-            maps,
         })
     }
 
@@ -582,6 +559,29 @@ impl Agent {
                     attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
                 }
                 let (ready, not_ready) = self.ready_with(&attachments);
+                let nat = self.nat_status();
+                let hostports = dp.list_hostports().map_err(internal)?.len() as u64;
+                let refused: HashMap<&str, u64> =
+                    crate::datapath::map_full_counts().into_iter().collect();
+                let mut maps = Vec::new();
+                for (name, key) in crate::datapath::SIZED_MAPS {
+                    let entries = match name {
+                        map_names::ENDPOINTS => endpoints.len() as u64,
+                        map_names::HOSTPORTS => hostports,
+                        map_names::NAT => nat.entries,
+                        _ => cluster.len() as u64,
+                    };
+                    let (capacity, memory_bytes) = dp.map_size(name).map_err(internal)?;
+                    maps.push(rivet_api::MapUsage {
+                        name: name.to_owned(),
+                        entries,
+                        capacity: u64::from(capacity),
+                        memory_bytes,
+                        full_refusals: refused.get(name).copied().unwrap_or(0),
+                        config_key: key.to_owned(),
+                    });
+                }
+                let warnings = map_warnings(&maps);
                 Ok(Response::Status(AgentStatus {
                     version: env!("CARGO_PKG_VERSION").to_owned(),
                     node_name: self.cfg.node_name.clone(),
@@ -600,10 +600,12 @@ impl Agent {
                     store: self.store_state(),
                     store_synced: self.cfg.etcd.is_none()
                         || self.store_state().starts_with("etcd: synced"),
-                    nat: self.nat_status(),
+                    nat,
                     ready,
                     not_ready,
                     last_error: self.last_error(),
+                    maps,
+                    warnings,
                 }))
             }
         }
@@ -753,12 +755,53 @@ fn keep_links(cfg: &AgentConfig) -> Vec<String> {
         .collect()
 }
 
+/// What an operator should act on: a map at ≥ 90 % of its capacity, or
+/// one that refused entries (a pod ADD failed, a node's routes are missing).
+pub fn map_warnings(maps: &[rivet_api::MapUsage]) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in maps {
+        if m.full_refusals > 0 {
+            out.push(format!(
+                "map {} is full: {} entries refused since the agent started; raise `{}` (now {})",
+                m.name, m.full_refusals, m.config_key, m.capacity
+            ));
+        } else if m.capacity > 0 && m.entries * 10 >= m.capacity * 9 {
+            out.push(format!(
+                "map {} is {}% full ({} of {}); raise `{}`",
+                m.name,
+                m.entries * 100 / m.capacity,
+                m.entries,
+                m.capacity,
+                m.config_key
+            ));
+        }
+    }
+    out
+}
+
 /// Binds the API socket: parent directory 0700, stale socket replaced (the
-/// pin lock proves no other agent owns it), socket 0600.
-pub fn bind(path: &Path) -> Result<UnixListener, AgentError> {
+/// pin lock proves no other agent owns it), socket 0600 — root only. With
+/// `group` (config `socket_group`), the directory becomes 0710 and the
+/// socket 0660, both owned by that group: its members may connect, nobody
+/// else can even reach the path.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, AgentError> {
     let sock_err = |source| AgentError::Socket {
         path: path.display().to_string(),
         source,
+    };
+    let gid = match group {
+        None => None,
+        Some(name) => Some(
+            nix::unistd::Group::from_name(name)
+                .map_err(|e| sock_err(std::io::Error::from(e)))?
+                .ok_or_else(|| {
+                    sock_err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("socket_group {name:?}: no such group"),
+                    ))
+                })?
+                .gid,
+        ),
     };
     if let Some(dir) = path.parent() {
         store::create_private_dir(dir)?;
@@ -770,6 +813,16 @@ pub fn bind(path: &Path) -> Result<UnixListener, AgentError> {
     }
     let listener = UnixListener::bind(path).map_err(sock_err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(sock_err)?;
+    if let Some(gid) = gid {
+        let chgrp = |p: &Path, mode: u32| {
+            nix::unistd::chown(p, None, Some(gid)).map_err(|e| sock_err(e.into()))?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(sock_err)
+        };
+        chgrp(path, 0o660)?;
+        if let Some(dir) = path.parent() {
+            chgrp(dir, 0o710)?;
+        }
+    }
     Ok(listener)
 }
 

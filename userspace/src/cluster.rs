@@ -188,13 +188,19 @@ impl Cluster {
                 flags: 0,
             },
         )?;
-        dp.put_route(
+        if let Err(e) = dp.put_route(
             node.subnet,
             RouteInfo {
                 node_ip: rivet_common::ipv4_key(node.node_ip.octets()),
                 mode: self.route_mode(node.node_ip),
             },
-        )?;
+        ) {
+            // No half-added node: a peer without a route (ROUTES full).
+            if !self.nodes.values().any(|n| n.node_ip == node.node_ip) {
+                let _ = dp.remove_peer(node.node_ip);
+            }
+            return Err(e.into());
+        }
         self.nodes.insert(node.subnet, node);
         Ok(true)
     }

@@ -32,6 +32,33 @@ pub const DEFAULT_NAT_PORT_RANGE: (u16, u16) = (61_000, 65_535);
 /// link-local, multicast, limited broadcast.
 pub const ALWAYS_NO_MASQUERADE: [&str; 3] = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255/32"];
 
+/// Capacities of the maps the agent fills (entries), from `max_endpoints`,
+/// `max_routes`, `max_hostports` and `nat_max_entries`. Every map is
+/// preallocated by the kernel at this size when first created; a pinned map
+/// keeps its size until `rivetd unload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLimits {
+    /// Pods on this node (ENDPOINTS).
+    pub endpoints: u32,
+    /// Remote nodes (ROUTES and PEERS).
+    pub routes: u32,
+    /// hostPort mappings (HOSTPORTS).
+    pub hostports: u32,
+    /// NAT/conntrack entries (NAT; a masqueraded flow takes two).
+    pub nat: u32,
+}
+
+impl Default for MapLimits {
+    fn default() -> Self {
+        Self {
+            endpoints: rivet_common::ENDPOINTS_MAX,
+            routes: rivet_common::ROUTES_MAX,
+            hostports: rivet_common::HOSTPORTS_MAX,
+            nat: rivet_common::NAT_MAX,
+        }
+    }
+}
+
 /// Masquerade (SNAT) settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatSettings {
@@ -213,6 +240,15 @@ pub struct FileConfig {
     pub nat_gc_interval: Option<u64>,
     /// Capacity of the NAT table, entries.
     pub nat_max_entries: Option<u32>,
+    /// Capacity of the endpoints map (pods on this node).
+    pub max_endpoints: Option<u32>,
+    /// Capacity of the routes and peers maps (remote nodes).
+    pub max_routes: Option<u32>,
+    /// Capacity of the hostPort map (mappings on this node).
+    pub max_hostports: Option<u32>,
+    /// Group allowed to use the API socket (mode 0660); default none (0600,
+    /// root only).
+    pub socket_group: Option<String>,
 }
 
 impl FileConfig {
@@ -273,6 +309,10 @@ impl FileConfig {
                 .or(self.nat_tcp_closing_timeout),
             nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
             nat_max_entries: other.nat_max_entries.or(self.nat_max_entries),
+            max_endpoints: other.max_endpoints.or(self.max_endpoints),
+            max_routes: other.max_routes.or(self.max_routes),
+            max_hostports: other.max_hostports.or(self.max_hostports),
+            socket_group: other.socket_group.or(self.socket_group),
         }
     }
 }
@@ -316,6 +356,10 @@ pub struct AgentConfig {
     pub etcd: Option<EtcdSettings>,
     /// Masquerade settings.
     pub nat: NatSettings,
+    /// Map capacities.
+    pub limits: MapLimits,
+    /// Group owning the API socket (mode 0660), if any.
+    pub socket_group: Option<String>,
     /// Test hook: make endpoint ADD fail at this step (from the environment
     /// variable `RIVET_FAIL_ADD_AT`; never set in production).
     pub fail_add_at: Option<String>,
@@ -613,6 +657,34 @@ impl AgentConfig {
                 format!("one of {:?}", crate::endpoint::FAULT_STEPS),
             ));
         }
+        let size = |key: &'static str, v: Option<u32>, default: u32, max: u32| match v {
+            None => Ok(default),
+            Some(n) if (16..=max).contains(&n) => Ok(n),
+            Some(n) => Err(invalid(key, n, format!("must be 16..={max}"))),
+        };
+        let defaults = MapLimits::default();
+        let limits = MapLimits {
+            endpoints: size(
+                "max_endpoints",
+                file.max_endpoints,
+                defaults.endpoints,
+                1 << 20,
+            )?,
+            routes: size("max_routes", file.max_routes, defaults.routes, 1 << 20)?,
+            hostports: size(
+                "max_hostports",
+                file.max_hostports,
+                defaults.hostports,
+                1 << 20,
+            )?,
+            nat: nat.max_entries,
+        };
+        let socket_group = match file.socket_group {
+            Some(g) if g.is_empty() || g.len() > 32 || g.contains(['/', ':', '\n']) => {
+                return Err(invalid("socket_group", g, "not a group name"));
+            }
+            other => other,
+        };
         Ok(Self {
             node_name,
             pod_cidr,
@@ -632,6 +704,8 @@ impl AgentConfig {
             vxlan_port,
             etcd,
             nat,
+            limits,
+            socket_group,
             fail_add_at,
         })
     }
@@ -684,6 +758,10 @@ mod tests {
             ("no_masquerade = [\"10.1.0.0/33\"]", "no_masquerade"),
             ("nat_udp_timeout = 0", "nat_udp_timeout"),
             ("nat_max_entries = 3", "nat_max_entries"),
+            ("max_endpoints = 8", "max_endpoints"),
+            ("max_routes = 2000000", "max_routes"),
+            ("max_hostports = 0", "max_hostports"),
+            ("socket_group = \"a:b\"", "socket_group"),
             ("pod_cidr = \"10.0.0.0/31\"", "pod_cidr"),
             ("gateway = \"10.244.0.1\"", "gateway"),
             ("mtu = 100", "mtu"),

@@ -29,6 +29,7 @@ use rivet_common::{
 };
 
 use crate::{
+    config::MapLimits,
     nlbatch::BpfFilter,
     pins::{Hook, PinError, PinLayout, remove_file_if_exists},
 };
@@ -105,6 +106,79 @@ pub enum DatapathError {
     /// Pin directory problem.
     #[error(transparent)]
     Pins(#[from] PinError),
+    /// A map refused a new entry because it is full.
+    #[error(
+        "map {name} is full ({capacity} entries): entry refused; raise `{key}` in the agent's \
+         configuration (takes effect after `rivetd unload`)"
+    )]
+    MapFull {
+        /// Map name.
+        name: &'static str,
+        /// Its capacity.
+        capacity: u32,
+        /// The configuration key that sizes it.
+        key: &'static str,
+    },
+}
+
+/// The maps the agent fills, with the configuration key sizing each.
+pub const SIZED_MAPS: [(&str, &str); 5] = [
+    (map_names::ENDPOINTS, "max_endpoints"),
+    (map_names::ROUTES, "max_routes"),
+    (map_names::PEERS, "max_routes"),
+    (map_names::HOSTPORTS, "max_hostports"),
+    (map_names::NAT, "nat_max_entries"),
+];
+
+/// Entries refused because their map was full, per [`SIZED_MAPS`] slot,
+/// since the agent started (the NAT table's own pressure is counted by the
+/// datapath: evictions).
+static MAP_FULL: [std::sync::atomic::AtomicU64; 5] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+
+/// (map, entries refused because it was full) for every sized map.
+pub fn map_full_counts() -> Vec<(&'static str, u64)> {
+    SIZED_MAPS
+        .iter()
+        .zip(&MAP_FULL)
+        .map(|((name, _), n)| (*name, n.load(std::sync::atomic::Ordering::Relaxed)))
+        .collect()
+}
+
+/// An insert's error: a full map (E2BIG from hash maps, ENOSPC from LPM
+/// tries) becomes [`DatapathError::MapFull`] and is counted.
+fn insert_err<'a>(
+    ebpf: &'a Ebpf,
+    name: &'static str,
+) -> impl FnOnce(MapError) -> DatapathError + 'a {
+    move |source| {
+        let full = matches!(
+            &source,
+            MapError::SyscallError(e)
+                if matches!(e.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC))
+        );
+        let slot = SIZED_MAPS.iter().position(|(n, _)| *n == name);
+        match (full, slot) {
+            (true, Some(i)) => {
+                MAP_FULL[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let capacity = ebpf
+                    .map(name)
+                    .and_then(|m| match m {
+                        aya::maps::Map::HashMap(d)
+                        | aya::maps::Map::LruHashMap(d)
+                        | aya::maps::Map::LpmTrie(d) => d.info().ok(),
+                        _ => None,
+                    })
+                    .map_or(0, |i| i.max_entries());
+                DatapathError::MapFull {
+                    name,
+                    capacity,
+                    key: SIZED_MAPS[i].1,
+                }
+            }
+            _ => map_err(name)(source),
+        }
+    }
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
@@ -309,13 +383,13 @@ impl Datapath {
     /// Loads the object with every map pinned under `layout` (reusing pins
     /// that exist), loads and pins every program.
     pub fn load(layout: &PinLayout) -> Result<Self, DatapathError> {
-        Self::load_with(layout, rivet_common::NAT_MAX)
+        Self::load_with(layout, &MapLimits::default())
     }
 
-    /// Like [`Self::load`] with the NAT table's capacity. A pinned NAT
-    /// table of another size is kept as it is (flows survive) until
-    /// `rivetd unload`; a warning says so.
-    pub fn load_with(layout: &PinLayout, nat_max_entries: u32) -> Result<Self, DatapathError> {
+    /// Like [`Self::load`] with the maps' capacities. A pinned map of
+    /// another size is kept as it is (its entries, flows and pods survive)
+    /// until `rivetd unload`; a warning says so.
+    pub fn load_with(layout: &PinLayout, limits: &MapLimits) -> Result<Self, DatapathError> {
         if OBJECT.is_empty() {
             return Err(DatapathError::EmptyObject);
         }
@@ -325,16 +399,26 @@ impl Datapath {
         let btf = Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref());
-        loader.map_max_entries(map_names::NAT, nat_max_entries);
-        if let Ok(pinned) = MapData::from_pin(layout.map(map_names::NAT))
-            && let Ok(info) = pinned.info()
-            && info.max_entries() != nat_max_entries
-        {
-            tracing::warn!(
-                pinned = info.max_entries(),
-                configured = nat_max_entries,
-                "the pinned NAT table keeps its size until `rivetd unload`"
-            );
+        for (name, key) in SIZED_MAPS {
+            let size = match key {
+                "max_endpoints" => limits.endpoints,
+                "max_routes" => limits.routes,
+                "max_hostports" => limits.hostports,
+                _ => limits.nat,
+            };
+            loader.map_max_entries(name, size);
+            if let Ok(pinned) = MapData::from_pin(layout.map(name))
+                && let Ok(info) = pinned.info()
+                && info.max_entries() != size
+            {
+                tracing::warn!(
+                    map = name,
+                    pinned = info.max_entries(),
+                    configured = size,
+                    key,
+                    "the pinned map keeps its size until `rivetd unload`"
+                );
+            }
         }
         for name in map_names::ALL {
             loader.map_pin_path(name, layout.map(name));
@@ -638,9 +722,8 @@ impl Datapath {
         let key = EndpointKey {
             addr: ipv4_key(ip.octets()),
         };
-        self.endpoints_mut()?
-            .insert(key, info, 0)
-            .map_err(map_err(map_names::ENDPOINTS))
+        let done = self.endpoints_mut()?.insert(key, info, 0);
+        done.map_err(insert_err(&self.ebpf, map_names::ENDPOINTS))
     }
 
     /// Removes the endpoint for `ip`; false if there was none.
@@ -759,9 +842,8 @@ impl Datapath {
         key: HostPortKey,
         target: HostPortTarget,
     ) -> Result<(), DatapathError> {
-        self.hostports_mut()?
-            .insert(key, target, 0)
-            .map_err(map_err(map_names::HOSTPORTS))
+        let done = self.hostports_mut()?.insert(key, target, 0);
+        done.map_err(insert_err(&self.ebpf, map_names::HOSTPORTS))
     }
 
     /// Removes a hostPort; false if there was none.
@@ -771,6 +853,29 @@ impl Datapath {
             Err(MapError::KeyNotFound) => Ok(false),
             Err(e) => Err(map_err(map_names::HOSTPORTS)(e)),
         }
+    }
+
+    /// (capacity, kernel memory in bytes) of a pinned map: `max_entries`
+    /// and the `memlock` the kernel reports for it in fdinfo.
+    pub fn map_size(&self, name: &str) -> Result<(u32, u64), DatapathError> {
+        let name_static = map_names::ALL
+            .iter()
+            .copied()
+            .find(|n| *n == name)
+            .unwrap_or("map");
+        let data = MapData::from_pin(self.layout.map(name)).map_err(map_err(name_static))?;
+        let capacity = data.info().map_err(map_err(name_static))?.max_entries();
+        let fdinfo = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            data.fd().as_fd().as_raw_fd()
+        ))
+        .unwrap_or_default();
+        let memory = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        Ok((capacity, memory))
     }
 
     /// Every hostPort.
@@ -834,9 +939,8 @@ impl Datapath {
             u32::from(subnet.prefix_len()),
             ipv4_key(subnet.network().octets()),
         );
-        self.routes_mut()?
-            .insert(&key, info, 0)
-            .map_err(map_err(map_names::ROUTES))
+        let done = self.routes_mut()?.insert(&key, info, 0);
+        done.map_err(insert_err(&self.ebpf, map_names::ROUTES))
     }
 
     /// Removes the route for `subnet`; false if there was none.
@@ -889,9 +993,8 @@ impl Datapath {
         let key = EndpointKey {
             addr: ipv4_key(node_ip.octets()),
         };
-        self.peers_mut()?
-            .insert(key, info, 0)
-            .map_err(map_err(map_names::PEERS))
+        let done = self.peers_mut()?.insert(key, info, 0);
+        done.map_err(insert_err(&self.ebpf, map_names::PEERS))
     }
 
     /// Removes a peer node; false if it was not there.

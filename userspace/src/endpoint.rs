@@ -95,7 +95,10 @@ impl From<EndpointError> for ApiError {
         let kind = match &e {
             EndpointError::BadRequest(_) => ErrorKind::BadRequest,
             EndpointError::Conflict(_) => ErrorKind::Conflict,
-            EndpointError::Exhausted(_) => ErrorKind::Exhausted,
+            EndpointError::Exhausted(_)
+            | EndpointError::Datapath(crate::datapath::DatapathError::MapFull { .. }) => {
+                ErrorKind::Exhausted
+            }
             EndpointError::Missing(_) => ErrorKind::Missing,
             EndpointError::Netns(NetnsError::NotFound { .. }) => ErrorKind::NotFound,
             EndpointError::Netns(_) => ErrorKind::BadRequest,

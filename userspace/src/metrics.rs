@@ -28,7 +28,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use rivet_api::{AgentStatus, CounterValue};
+use rivet_api::{AgentStatus, CounterValue, MapUsage};
 use tokio::net::TcpListener;
 
 use crate::agent::Agent;
@@ -71,8 +71,6 @@ pub struct Snapshot {
     pub counters: Vec<CounterValue>,
     /// Agent status.
     pub status: AgentStatus,
-    /// Fill levels: (map, entries, capacity).
-    pub maps: Vec<(&'static str, u64, u64)>,
     /// Readiness.
     pub ready: bool,
 }
@@ -135,24 +133,41 @@ impl Collector for Snapshot {
                 prometheus_client::metrics::MetricType::Gauge,
             )?)
         };
-        for (name, help, pick) in [
+        for (name, help, kind, pick) in [
             (
                 "rivet_map_entries",
                 "Entries in a datapath map",
-                (|e: u64, _: u64| e) as fn(u64, u64) -> u64,
-            ),
-            ("rivet_map_capacity", "Capacity of a datapath map", |_, m| m),
-        ] {
-            let mut metric = encoder.encode_descriptor(
-                name,
-                help,
-                None,
                 prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (map, entries, max) in &self.maps {
-                let labels = [("map", *map)];
-                ConstGauge::new(pick(*entries, *max) as i64)
-                    .encode(metric.encode_family(&labels)?)?;
+                (|m: &MapUsage| m.entries) as fn(&MapUsage) -> u64,
+            ),
+            (
+                "rivet_map_capacity",
+                "Capacity of a datapath map",
+                prometheus_client::metrics::MetricType::Gauge,
+                |m| m.capacity,
+            ),
+            (
+                "rivet_map_memory_bytes",
+                "Kernel memory charged for a datapath map (memlock)",
+                prometheus_client::metrics::MetricType::Gauge,
+                |m| m.memory_bytes,
+            ),
+            (
+                "rivet_map_full_refusals",
+                "Entries a full map refused (pod ADDs, node routes, hostPorts)",
+                prometheus_client::metrics::MetricType::Counter,
+                |m| m.full_refusals,
+            ),
+        ] {
+            let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+            for m in &self.status.maps {
+                let labels = [("map", m.name.as_str())];
+                let v = pick(m);
+                if matches!(kind, prometheus_client::metrics::MetricType::Counter) {
+                    ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
+                } else {
+                    ConstGauge::new(v as i64).encode(metric.encode_family(&labels)?)?;
+                }
             }
         }
         let s = &self.status;

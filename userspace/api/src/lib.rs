@@ -491,6 +491,30 @@ pub struct AgentStatus {
     /// collection), with its age.
     #[serde(default)]
     pub last_error: Option<String>,
+    /// Fill level, capacity and memory of each map the agent fills.
+    #[serde(default)]
+    pub maps: Vec<MapUsage>,
+    /// Conditions an operator should act on (a map nearly full or
+    /// refusing entries), one sentence each.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// One datapath map's usage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapUsage {
+    /// Map name.
+    pub name: String,
+    /// Entries in it.
+    pub entries: u64,
+    /// Its capacity (of the pinned map: what the kernel allocated).
+    pub capacity: u64,
+    /// Kernel memory charged for it (`memlock` of the map), bytes.
+    pub memory_bytes: u64,
+    /// Entries refused because it was full, since the agent started.
+    pub full_refusals: u64,
+    /// The configuration key that sizes it.
+    pub config_key: String,
 }
 
 /// Masquerade settings and NAT table pressure.

@@ -659,15 +659,20 @@ fn print_table(response: &Response, show_all: bool) {
                 println!("last error: {e}");
             }
             println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
-            println!(
-                "maps: ENDPOINTS {}/{}  ROUTES {}/{}  NAT {}/{}",
-                s.endpoints,
-                rivet_common::ENDPOINTS_MAX,
-                s.nodes,
-                rivet_common::ROUTES_MAX,
-                s.nat.entries,
-                s.nat.max_entries
-            );
+            println!("maps:");
+            for m in &s.maps {
+                println!(
+                    "  {:<10} {:>8} of {:>8} entries  {:>7.1} MiB  refused when full: {}",
+                    m.name,
+                    m.entries,
+                    m.capacity,
+                    m.memory_bytes as f64 / (1024.0 * 1024.0),
+                    m.full_refusals
+                );
+            }
+            for w in &s.warnings {
+                println!("WARNING: {w}");
+            }
             println!(
                 "address pool: {} used of {} ({} free)",
                 s.pool.used,

@@ -103,6 +103,18 @@ struct Cli {
     /// Capacity of the NAT table, entries (default 131072).
     #[arg(long)]
     nat_max_entries: Option<u32>,
+    /// Capacity of the endpoints map, pods (default 16384).
+    #[arg(long)]
+    max_endpoints: Option<u32>,
+    /// Capacity of the routes and peers maps, remote nodes (default 4096).
+    #[arg(long)]
+    max_routes: Option<u32>,
+    /// Capacity of the hostPort map, mappings (default 16384).
+    #[arg(long)]
+    max_hostports: Option<u32>,
+    /// Group allowed to use the API socket (mode 0660; default root only).
+    #[arg(long)]
+    socket_group: Option<String>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -156,6 +168,10 @@ impl Cli {
             nat_tcp_closing_timeout: self.nat_tcp_closing_timeout,
             nat_gc_interval: self.nat_gc_interval,
             nat_max_entries: self.nat_max_entries,
+            max_endpoints: self.max_endpoints,
+            max_routes: self.max_routes,
+            max_hostports: self.max_hostports,
+            socket_group: self.socket_group.clone(),
         }))
     }
 }
@@ -281,7 +297,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
         }
         None => None,
     };
-    let listener = agent::bind(&socket)?;
+    let listener = agent::bind(&socket, agent.config().socket_group.as_deref())?;
     tracing::info!(socket = %socket.display(), "serving");
 
     let reconciler = {
