@@ -7,7 +7,7 @@ use rivet_common::Counter;
 
 use crate::{
     headers::{ETH_HLEN, ETH_P_IP, EthHdr, IPV4_HLEN, Ipv4Hdr},
-    maps,
+    ipv4, maps,
     packet::{addr, ensure_linear, ptr_at},
     remote::{self, Sender},
     verdict,
@@ -27,5 +27,15 @@ pub fn handle(ctx: &TcContext) -> i32 {
     let (Some(cfg), Some(route)) = (maps::config(), maps::route(dst)) else {
         return verdict::pass(ctx, Counter::HostPass);
     };
+    // The stack builds sane headers, but a packet socket on rivet_host can
+    // send anything: never encapsulate a datagram the peer would drop.
+    // SAFETY: bounds-checked above; alignment 1; nothing moved the data.
+    let ip = unsafe { &*ip };
+    let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len()) else {
+        return verdict::drop(ctx, Counter::DropBadIpHeader);
+    };
+    if !ipv4::transport_fits(ctx, ip, ETH_HLEN + hlen, hlen) {
+        return verdict::drop(ctx, Counter::DropTruncated);
+    }
     remote::forward(ctx, &cfg, &route, Sender::Host)
 }

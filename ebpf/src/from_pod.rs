@@ -37,6 +37,13 @@ pub fn handle(ctx: &TcContext) -> i32 {
     // SAFETY: `ctx.as_ptr()` is the program's __sk_buff, valid for its run.
     let ifindex = unsafe { (*(ctx.as_ptr() as *const aya_ebpf::bindings::__sk_buff)).ifindex };
     ensure_linear(ctx, LINEAR);
+    // A VLAN tag reaches TC already stripped into skb->vlan_tci, so the
+    // frame looks untagged; forwarded, the tag would leave with it (onto
+    // the underlay's VLANs). Pods have no VLANs.
+    // SAFETY: as above.
+    if unsafe { (*(ctx.as_ptr() as *const aya_ebpf::bindings::__sk_buff)).vlan_present } != 0 {
+        return verdict::drop(ctx, Counter::DropUnsupportedL3);
+    }
 
     let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
         return verdict::drop(ctx, Counter::DropTruncated);
@@ -56,8 +63,11 @@ pub fn handle(ctx: &TcContext) -> i32 {
     // SAFETY: both headers were bounds-checked against data_end; alignment 1;
     // nothing below moves packet data.
     let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
-    if ipv4::validate(ip, ETH_HLEN, ctx.len()).is_err() {
+    let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len()) else {
         return verdict::drop(ctx, Counter::DropBadIpHeader);
+    };
+    if !ipv4::transport_fits(ctx, ip, ETH_HLEN + hlen, hlen) {
+        return verdict::drop(ctx, Counter::DropTruncated);
     }
 
     // Anti-spoof: one lookup proves both address and MAC.
@@ -158,7 +168,9 @@ fn is_tunnel(ctx: &TcContext, ip: &Ipv4Hdr, vxlan_port: u16) -> bool {
     if ip.protocol == IPPROTO_IPIP {
         return true;
     }
-    if ip.protocol != IPPROTO_UDP {
+    // Only a first fragment has a UDP header (later ones cannot be
+    // reassembled without it).
+    if ip.protocol != IPPROTO_UDP || u16::from_be_bytes(ip.frag_off) & ipv4::IP_OFFSET != 0 {
         return false;
     }
     let hlen = usize::from(ip.version_ihl & 0x0f) * 4;

@@ -53,9 +53,14 @@ pub fn handle(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return verdict::pass(ctx, Counter::UplinkPass);
     };
-    // SAFETY: reading a field of the program's __sk_buff.
-    let pkt_type = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).pkt_type };
-    if pkt_type != PACKET_HOST {
+    // SAFETY: reading fields of the program's __sk_buff.
+    let (pkt_type, vlan) = unsafe {
+        let skb = ctx.as_ptr() as *const __sk_buff;
+        ((*skb).pkt_type, (*skb).vlan_present)
+    };
+    // A tagged frame (its tag already stripped into skb->vlan_tci) belongs
+    // to a VLAN device of the node, not to the uplink's address.
+    if pkt_type != PACKET_HOST || vlan != 0 {
         return verdict::pass(ctx, Counter::UplinkPass);
     }
     let (src, dst) = (addr(&ip.src), addr(&ip.dst));
@@ -117,12 +122,17 @@ pub fn handle(ctx: &TcContext) -> i32 {
     verdict::pass(ctx, Counter::UplinkPass)
 }
 
-/// The UDP destination port, wherever the IPv4 header ends.
+/// The UDP destination port, wherever the IPv4 header ends; `None` for a
+/// fragment after the first (its payload is no UDP header).
 #[inline(always)]
 fn udp_dport(ctx: &TcContext, ip: &Ipv4Hdr) -> Option<u16> {
+    if u16::from_be_bytes(ip.frag_off) & ipv4::IP_OFFSET != 0 {
+        return None;
+    }
     let hlen = usize::from(ip.version_ihl & 0x0f) * 4;
-    if hlen == IPV4_HLEN {
-        let udp = ptr_at::<UdpHdr>(ctx, ETH_HLEN + IPV4_HLEN)?;
+    if hlen == IPV4_HLEN
+        && let Some(udp) = ptr_at::<UdpHdr>(ctx, ETH_HLEN + IPV4_HLEN)
+    {
         // SAFETY: bounds-checked; alignment 1.
         return Some(u16::from_be_bytes(unsafe { (*udp).dest }));
     }
@@ -134,26 +144,36 @@ fn udp_dport(ctx: &TcContext, ip: &Ipv4Hdr) -> Option<u16> {
         .map(u16::from_be_bytes)
 }
 
-/// Outer header rules shared by both tunnels: no options, not a fragment,
-/// from a known node.
+/// Outer header rules shared by both tunnels: a valid header (its total
+/// length within the frame) without options, not a fragment, from a known
+/// node. Returns where the outer datagram ends in the frame.
 #[inline(always)]
-fn outer_ok(ip: &Ipv4Hdr, src: u32) -> Result<(), Counter> {
-    if ip.version_ihl & 0x0f != 5 || (u16::from_be_bytes(ip.frag_off) & 0x3fff) != 0 {
+fn outer_ok(ctx: &TcContext, ip: &Ipv4Hdr, src: u32) -> Result<usize, Counter> {
+    if ipv4::validate(ip, ETH_HLEN, ctx.len()).is_err()
+        || ip.version_ihl & 0x0f != 5
+        || (u16::from_be_bytes(ip.frag_off) & 0x3fff) != 0
+    {
         return Err(Counter::DropTunnelMalformed);
     }
     if maps::peer(src).is_none() {
         return Err(Counter::DropTunnelUnknownPeer);
     }
-    Ok(())
+    Ok(ETH_HLEN + usize::from(u16::from_be_bytes(ip.tot_len)))
 }
 
-/// Where the inner packet at `off` goes; checks its header.
+/// Where the inner packet at `off` goes; checks its header, and that it
+/// lies within the tunnel payload, which ends at `end`.
 #[inline(always)]
-fn inner_target(ctx: &TcContext, cfg: &NodeConfig, off: usize) -> Result<Target, Counter> {
+fn inner_target(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    off: usize,
+    end: usize,
+) -> Result<Target, Counter> {
     let inner = ptr_at::<Ipv4Hdr>(ctx, off).ok_or(Counter::DropTunnelMalformed)?;
     // SAFETY: bounds-checked; alignment 1.
     let inner = unsafe { &*inner };
-    if ipv4::validate(inner, off, ctx.len()).is_err() {
+    if ipv4::validate(inner, off, end as u32).is_err() {
         return Err(Counter::DropTunnelMalformed);
     }
     let dst = addr(&inner.dst);
@@ -168,7 +188,7 @@ fn inner_target(ctx: &TcContext, cfg: &NodeConfig, off: usize) -> Result<Target,
 
 #[inline(always)]
 fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
-    let checked = outer_ok(ip, src).and_then(|()| {
+    let checked = outer_ok(ctx, ip, src).and_then(|end| {
         let hdr = ptr_at::<VxlanEncap>(ctx, ETH_HLEN).ok_or(Counter::DropTunnelMalformed)?;
         // SAFETY: bounds-checked; alignment 1.
         let hdr = unsafe { &*hdr };
@@ -181,7 +201,13 @@ fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
         if hdr.eth.proto != ETH_P_IP {
             return Err(Counter::DropTunnelMalformed);
         }
-        inner_target(ctx, cfg, ETH_HLEN + VXLAN_OVERHEAD as usize)
+        // The UDP datagram holds the VXLAN header and the inner frame, and
+        // lies within the outer one.
+        let udp_end = ETH_HLEN + IPV4_HLEN + usize::from(u16::from_be_bytes(hdr.udp.len));
+        if udp_end < ETH_HLEN + VXLAN_OVERHEAD as usize || udp_end > end {
+            return Err(Counter::DropTunnelMalformed);
+        }
+        inner_target(ctx, cfg, ETH_HLEN + VXLAN_OVERHEAD as usize, udp_end)
     });
     match checked.and_then(|t| encap::strip(ctx, VXLAN_OVERHEAD).map(|()| t)) {
         Ok(target) => deliver(ctx, cfg, target, Counter::DecapVxlan),
@@ -191,8 +217,8 @@ fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
 
 #[inline(always)]
 fn ipip_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
-    let checked =
-        outer_ok(ip, src).and_then(|()| inner_target(ctx, cfg, ETH_HLEN + IPIP_OVERHEAD as usize));
+    let checked = outer_ok(ctx, ip, src)
+        .and_then(|end| inner_target(ctx, cfg, ETH_HLEN + IPIP_OVERHEAD as usize, end));
     match checked.and_then(|t| encap::strip(ctx, IPIP_OVERHEAD).map(|()| t)) {
         Ok(target) => deliver(ctx, cfg, target, Counter::DecapIpip),
         Err(reason) => verdict::drop(ctx, reason),

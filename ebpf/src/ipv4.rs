@@ -1,6 +1,11 @@
 //! IPv4 header checks and router behaviour.
 
-use crate::headers::{IPV4_HLEN, Ipv4Hdr};
+use aya_ebpf::programs::TcContext;
+
+use crate::headers::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr};
+
+/// The fragment offset bits of `frag_off` (host order).
+pub const IP_OFFSET: u16 = 0x1fff;
 
 /// Why an IPv4 header is not acceptable.
 pub enum HeaderError {
@@ -26,6 +31,30 @@ pub fn validate(ip: &Ipv4Hdr, l3_off: usize, frame_len: u32) -> Result<usize, He
         return Err(HeaderError::Invalid);
     }
     Ok(hlen)
+}
+
+/// Whether the transport header of a validated datagram lies within the
+/// datagram (its total length, not the frame: Ethernet padding is no
+/// header): TCP with its options, UDP, ICMP — 8 bytes each for the last
+/// two. Fragments after the first carry no transport header; other
+/// protocols are not looked at. `l4_off` is the header's offset in the
+/// frame, `hlen` the IPv4 header length.
+#[inline(always)]
+pub fn transport_fits(ctx: &TcContext, ip: &Ipv4Hdr, l4_off: usize, hlen: usize) -> bool {
+    if u16::from_be_bytes(ip.frag_off) & IP_OFFSET != 0 {
+        return true;
+    }
+    let l4_len = usize::from(u16::from_be_bytes(ip.tot_len)).saturating_sub(hlen);
+    match ip.protocol {
+        IPPROTO_TCP => {
+            l4_len >= 20
+                && ctx
+                    .load::<u8>(l4_off + 12)
+                    .is_ok_and(|doff| usize::from(doff >> 4) * 4 <= l4_len)
+        }
+        IPPROTO_UDP | IPPROTO_ICMP => l4_len >= 8,
+        _ => true,
+    }
 }
 
 /// Decrements the TTL like a router, updating the header checksum

@@ -105,6 +105,15 @@ fn parse(ctx: &TcContext, ip: &Ip, reply: bool) -> Option<L4> {
     if ip.frag & 0x3fff != 0 {
         return None;
     }
+    // What the datagram holds after its header (the frame may go on with
+    // Ethernet padding, which is no transport header).
+    let hdr = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: bounds-checked; alignment 1.
+    let l4_len = usize::from(u16::from_be_bytes(unsafe { (*hdr).tot_len })).saturating_sub(ip.hlen);
+    let need = if ip.proto == IPPROTO_TCP { 20 } else { 8 };
+    if l4_len < need {
+        return None;
+    }
     let off = ETH_HLEN + ip.hlen;
     let mut l4 = L4 {
         proto: ip.proto,
@@ -394,6 +403,11 @@ pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i3
     let Some(l4) = parse(ctx, ip, false) else {
         return verdict::drop(ctx, Counter::DropNatUnsupported);
     };
+    // The route first: a packet that cannot leave creates no flow and is
+    // dropped as it came.
+    let Some(hop) = fib::lookup(ctx, cfg.node_ip, ip.dst, cfg.uplink_ifindex) else {
+        return verdict::drop(ctx, Counter::DropNoRoute);
+    };
     let key = NatKey::new(
         ip.src,
         ip.dst,
@@ -445,10 +459,7 @@ pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i3
     {
         return verdict::drop(ctx, Counter::DropNatRewrite);
     }
-    match fib::lookup(ctx, cfg.node_ip, ip.dst, cfg.uplink_ifindex) {
-        Some(hop) => verdict::transmit(ctx, &hop, Counter::FwdSnat),
-        None => verdict::drop(ctx, Counter::DropNoRoute),
-    }
+    verdict::transmit(ctx, &hop, Counter::FwdSnat)
 }
 
 /// What to do with a packet addressed to the node.
@@ -633,6 +644,18 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
     }
     // SAFETY: as in `touch`; address and port of an entry never change.
     let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
+    // Hairpin: the pod answers itself (it saw its gateway as the client).
+    let hairpin = ip.dst == cfg.gateway;
+    // Where it goes is settled before anything is rewritten: a packet
+    // that cannot leave is dropped as it came.
+    let client = maps::endpoint(if hairpin { ip.src } else { ip.dst }).copied();
+    let hop = match client {
+        Some(_) => None,
+        None => match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
+            Some(hop) => Some(hop),
+            None => return Some(verdict::drop(ctx, Counter::DropNoRoute)),
+        },
+    };
     if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
         // SAFETY: bounds-checked; alignment 1; no helper ran since.
         ipv4::decrease_ttl(unsafe { &mut *hdr });
@@ -640,19 +663,13 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
     if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, addr), (l4.sport, port)) {
         return Some(verdict::drop(ctx, reason));
     }
-    // Hairpin: the pod answers itself (it saw its gateway as the client).
-    let client_ip = if ip.dst == cfg.gateway {
-        if let Err(reason) = rewrite_addr(ctx, &l4, true, (ip.dst, ip.src)) {
-            return Some(verdict::drop(ctx, reason));
-        }
-        ip.src
-    } else {
-        ip.dst
-    };
-    if let Some(client) = maps::endpoint(client_ip) {
-        return Some(to_pod(ctx, client, Counter::RevDnat));
+    if hairpin && let Err(reason) = rewrite_addr(ctx, &l4, true, (ip.dst, ip.src)) {
+        return Some(verdict::drop(ctx, reason));
     }
-    Some(match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
+    if let Some(client) = client {
+        return Some(to_pod(ctx, &client, Counter::RevDnat));
+    }
+    Some(match hop {
         Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
         None => verdict::drop(ctx, Counter::DropNoRoute),
     })

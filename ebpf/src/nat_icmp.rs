@@ -188,6 +188,16 @@ pub fn hostport_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -
     if ttl <= 1 {
         return Some(verdict::pass(ctx, Counter::PassTtl));
     }
+    // Where it goes is settled before anything is rewritten: a packet
+    // that cannot leave is dropped as it came.
+    let client = maps::endpoint(ip.dst).copied();
+    let hop = match client {
+        Some(_) => None,
+        None => match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
+            Some(hop) => Some(hop),
+            None => return Some(verdict::drop(ctx, Counter::DropNoRoute)),
+        },
+    };
     if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
         // SAFETY: bounds-checked; alignment 1; no helper ran since.
         ipv4::decrease_ttl(unsafe { &mut *hdr });
@@ -195,10 +205,10 @@ pub fn hostport_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -
     if let Err(reason) = translate(ctx, &q, true, (ip.src, addr), (q.dport, port)) {
         return Some(verdict::drop(ctx, reason));
     }
-    if let Some(client) = maps::endpoint(ip.dst) {
-        return Some(to_pod(ctx, client, Counter::RevDnat));
+    if let Some(client) = client {
+        return Some(to_pod(ctx, &client, Counter::RevDnat));
     }
-    Some(match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
+    Some(match hop {
         Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
         None => verdict::drop(ctx, Counter::DropNoRoute),
     })
