@@ -6,6 +6,7 @@
 
 use std::{
     collections::BTreeSet,
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
@@ -251,6 +252,45 @@ fn install_then_uninstall_leaves_no_trace() {
         "etc/rivet/rivet.toml",
     ] {
         assert!(root.join(f).is_file(), "{f} installed");
+        // Root's, written by nobody else (the runtime executes the plugin
+        // and reads the conflist as root).
+        let meta = std::fs::metadata(root.join(f)).expect("metadata");
+        assert_eq!(meta.uid(), 0, "{f} owned by root");
+        assert_eq!(
+            meta.permissions().mode() & 0o022,
+            0,
+            "{f} writable by root only"
+        );
+    }
+    let nobody = |cmd: &str, path: &Path| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(cmd)
+            .arg(path)
+            .output()
+            .expect("setpriv")
+    };
+    for dir in ["opt/cni/bin", "etc/cni/net.d"] {
+        // nobody can reach the directory (so the refusal below is the
+        // directory's own permission)...
+        assert!(
+            nobody("ls", &root.join(dir)).status.success(),
+            "{dir} reachable"
+        );
+        // ...and cannot add a file to it.
+        let target = root.join(dir).join("99-intruder.conflist");
+        let out = nobody("touch", &target);
+        assert!(
+            !out.status.success() && !target.exists(),
+            "nobody wrote into {dir}"
+        );
     }
 
     // Run the installed agent as its unit does, attach a pod, stop it.
