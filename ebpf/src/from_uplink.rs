@@ -110,6 +110,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
     if to_node {
         if maps::route(src).is_some() && cfg.host_ifindex != 0 {
             // A remote pod talking to this node, routed natively.
+            if let Err(reason) = plain_ok(ctx, ip) {
+                return verdict::drop(ctx, reason);
+            }
             return to_host(ctx, &cfg, Counter::DeliverHost);
         }
         return verdict::pass(ctx, Counter::UplinkPass);
@@ -117,9 +120,23 @@ pub fn handle(ctx: &TcContext) -> i32 {
     if let Some(ep) = maps::endpoint(dst)
         && maps::route(src).is_some()
     {
+        if let Err(reason) = plain_ok(ctx, ip) {
+            return verdict::drop(ctx, reason);
+        }
         return deliver(ctx, &cfg, Target::Pod(*ep), Counter::FwdFromPeer);
     }
     verdict::pass(ctx, Counter::UplinkPass)
+}
+
+/// A remote pod's packet routed natively, which rivet delivers: checked
+/// like a pod's own (IPv4 header, transport header within the datagram).
+#[inline(always)]
+fn plain_ok(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<(), Counter> {
+    let hlen = ipv4::validate(ip, ETH_HLEN, ctx.len()).map_err(|_| Counter::DropBadIpHeader)?;
+    if !ipv4::transport_fits(ctx, ip, ETH_HLEN + hlen, hlen) {
+        return Err(Counter::DropTruncated);
+    }
+    Ok(())
 }
 
 /// The UDP destination port, wherever the IPv4 header ends; `None` for a
@@ -173,7 +190,10 @@ fn inner_target(
     let inner = ptr_at::<Ipv4Hdr>(ctx, off).ok_or(Counter::DropTunnelMalformed)?;
     // SAFETY: bounds-checked; alignment 1.
     let inner = unsafe { &*inner };
-    if ipv4::validate(inner, off, end as u32).is_err() {
+    let Ok(hlen) = ipv4::validate(inner, off, end as u32) else {
+        return Err(Counter::DropTunnelMalformed);
+    };
+    if !ipv4::transport_fits(ctx, inner, off + hlen, hlen) {
         return Err(Counter::DropTunnelMalformed);
     }
     let dst = addr(&inner.dst);

@@ -31,8 +31,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::{SchedClassifier, TcAttachType};
-use rivet_common::{Counter, program_names, route_mode};
+use aya::{
+    maps::{Array, MapData},
+    programs::{SchedClassifier, TcAttachType},
+};
+use rivet_common::{Counter, NodeConfig, program_names, route_mode};
 use rivet_tests::{
     packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Ipv4, arp, checksum, eth, frame, ipv4_checksum_ok},
     progtest::*,
@@ -540,6 +543,47 @@ fn table(h: &Harness) -> Vec<Row> {
             ))),
             pod_drop(DropTruncated),
         ),
+        row(
+            "UDP to the node's NAT range, header cut to the ports, padding after",
+            ip4(padded(ip(
+                a.ip,
+                NODE_IP,
+                17,
+                [&53u16.to_be_bytes()[..], &NAT_MIN.to_be_bytes()].concat(),
+            ))),
+            pod_drop(DropTruncated),
+        ),
+        // --- routed natively from a remote pod subnet ------------------------
+        row(
+            "remote pod to a local pod, native (baseline)",
+            ip4(udp(REMOTE_POD, b.ip)),
+            [drop(DropSpoofedIp), redirect(FwdFromPeer), pass(HostPass)],
+        ),
+        row(
+            "remote pod to a local pod, native, IHL 4",
+            ip4(with(udp(REMOTE_POD, b.ip), |l3| l3[0] = 0x44)),
+            [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
+        ),
+        row(
+            "remote pod to a local pod, native, total length beyond the frame",
+            ip4(with(udp(REMOTE_POD, b.ip), |l3| set_tot_len(l3, 200))),
+            [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
+        ),
+        row(
+            "remote pod to a local pod, native, UDP header cut",
+            ip4(ip(REMOTE_POD, b.ip, 17, vec![0, 53, 0, 53])),
+            [drop(DropTruncated), drop(DropTruncated), pass(HostPass)],
+        ),
+        row(
+            "remote pod to the node, native (baseline)",
+            ip4(udp(REMOTE_POD, NODE_IP)),
+            [drop(DropSpoofedIp), redirect(DeliverHost), pass(HostPass)],
+        ),
+        row(
+            "remote pod to the node, native, total length 0",
+            ip4(with(udp(REMOTE_POD, NODE_IP), |l3| set_tot_len(l3, 0))),
+            [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
+        ),
         // --- fragments -------------------------------------------------------
         row(
             "first fragment to the outside (NAT)",
@@ -814,6 +858,28 @@ fn table(h: &Harness) -> Vec<Row> {
             vxlan_malformed,
         ),
         row(
+            "VXLAN, inner UDP header cut (4 bytes)",
+            ip4(vxlan(
+                h,
+                PEER_IP,
+                &ip(REMOTE_POD, b.ip, 17, vec![0, 53, 0, 53]),
+            )),
+            vxlan_malformed,
+        ),
+        row(
+            "IPIP, inner TCP header cut (10 bytes)",
+            ip4(ipip(
+                h,
+                &ip(
+                    REMOTE_POD,
+                    b.ip,
+                    6,
+                    tcp_hdr(40_005, 80, 0x02, 5)[..10].to_vec(),
+                ),
+            )),
+            vxlan_malformed,
+        ),
+        row(
             "IPIP, outer IHL 4",
             ip4(with(ipip(h, &inner), |l3| l3[0] = 0x44)),
             [
@@ -864,6 +930,13 @@ fn setup(h: &mut Harness) {
     h.route_to_peer(route_mode::VXLAN);
     h.enable_nat(NAT_MIN, NAT_MAX);
     h.put_hostport(HOST_PORT, h.b, 80);
+    // rivet_host: any real device will do for a test run's redirect.
+    let mut cfg: Array<&mut MapData, NodeConfig> =
+        Array::try_from(h.ebpf.map_mut("CONFIG").expect("map")).expect("array");
+    let mut c = cfg.get(&0, 0).expect("config");
+    c.host_ifindex = if_index("up1");
+    c.host_mac = HOST_SRC;
+    cfg.set(0, c, 0).expect("config");
     sh(&[
         "ip",
         "route",
