@@ -517,7 +517,8 @@ pub enum Counter {
     /// A pod's reply on a hostPort connection: source restored, sent.
     RevDnat = 20,
 
-    /// Frame shorter than its Ethernet/ARP/IPv4 headers.
+    /// Frame shorter than its Ethernet/ARP/IPv4 headers, or a datagram
+    /// (first fragment or whole) shorter than its TCP/UDP/ICMP header.
     DropTruncated = 32,
     /// IPv4 header invalid: version, IHL < 5, or total length beyond the frame.
     DropBadIpHeader = 33,
@@ -537,7 +538,8 @@ pub enum Counter {
     DropTunnelUnknownPeer = 40,
     /// VXLAN with a wrong VNI or flags.
     DropTunnelBadVni = 41,
-    /// Tunnel packet too short, truncated inner packet, fragmented or with options.
+    /// Tunnel packet too short, truncated inner packet (or inner transport
+    /// header), outer/UDP lengths that do not hold it, fragmented or with options.
     DropTunnelMalformed = 42,
     /// Decapsulated packet for an address that is neither a local pod nor the node.
     DropTunnelNoEndpoint = 43,
