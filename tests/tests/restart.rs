@@ -1,0 +1,481 @@
+//! Restart without loss (issue 8, part 1). Four paced TCP streams run
+//! through node 1 — same-node, cross-node (in each mode), masqueraded to the
+//! outside, and from the outside through a hostPort — while node 1's agent
+//! is stopped with SIGTERM and restarted, killed with SIGKILL and
+//! restarted, and stopped for 30 s. Every stream must complete with every
+//! byte, no reset and no pause over a second; a poller reading the kernel's
+//! attachments every 10 ms must never see a pod veth, the uplink or
+//! `rivet_host` without its program; the endpoints, routes, peers,
+//! hostPorts, NAT entries and lease records must be the same before and
+//! after; an ADD during the outage fails fast with CNI code 11 and succeeds
+//! once the agent is back.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use rivet_api::{PortMapping, Protocol, Request, Response};
+use rivet_tests::{
+    Netns, World,
+    cni::{Plugin, rivet_conf},
+    traffic::{connect, listen},
+};
+
+/// A paced TCP stream: 4 KiB every 10 ms until told to stop.
+struct Stream {
+    name: &'static str,
+    writer: JoinHandle<Result<u64, String>>,
+    server: JoinHandle<Result<(u64, Duration), String>>,
+}
+
+struct StreamResult {
+    name: &'static str,
+    sent: u64,
+    received: u64,
+    longest_pause: Duration,
+}
+
+fn stream(
+    name: &'static str,
+    client: &Netns,
+    server: &Netns,
+    port: u16,
+    dst: SocketAddr,
+    stop: &Arc<AtomicBool>,
+) -> Stream {
+    let listener = listen(server, port);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        let mut buf = vec![0u8; 65536];
+        let (mut total, mut longest) = (0u64, Duration::ZERO);
+        let mut last: Option<Instant> = None;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok((total, longest)),
+                Ok(k) => {
+                    total += k as u64;
+                    if let Some(t) = last {
+                        longest = longest.max(t.elapsed());
+                    }
+                    last = Some(Instant::now());
+                }
+                Err(e) => return Err(format!("server side after {total} bytes: {e}")),
+            }
+        }
+    });
+    let mut conn = connect(client, dst, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{name}: connecting to {dst}: {e}"));
+    let stop = Arc::clone(stop);
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![0x5a; 4096];
+        let mut sent = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            conn.write_all(&chunk)
+                .map_err(|e| format!("client side after {sent} bytes: {e}"))?;
+            sent += chunk.len() as u64;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| format!("shutdown: {e}"))?;
+        Ok(sent)
+    });
+    Stream {
+        name,
+        writer,
+        server,
+    }
+}
+
+impl Stream {
+    fn finish(self) -> StreamResult {
+        let sent = self
+            .writer
+            .join()
+            .expect("writer thread")
+            .unwrap_or_else(|e| panic!("{}: reset: {e}", self.name));
+        let (received, longest_pause) = self
+            .server
+            .join()
+            .expect("server thread")
+            .unwrap_or_else(|e| panic!("{}: reset: {e}", self.name));
+        StreamResult {
+            name: self.name,
+            sent,
+            received,
+            longest_pause,
+        }
+    }
+}
+
+/// (interface, ifindex, ingress?) checked by the poller.
+type Hook = (String, u32, bool);
+
+/// Polls `hooks` in the namespace at `ns` every 10 ms until `stop`;
+/// returns (polls, every (hook, time) found without a program).
+fn poller(
+    ns: PathBuf,
+    hooks: Vec<Hook>,
+    stop: Arc<AtomicBool>,
+    polls: Arc<AtomicU64>,
+) -> JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        rivet::netns::run_in(&ns, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let nl = rivet::netlink::Netlink::connect().expect("netlink");
+                let started = Instant::now();
+                let mut missing = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    for (name, index, ingress) in &hooks {
+                        let dir = if *ingress {
+                            TcAttachType::Ingress
+                        } else {
+                            TcAttachType::Egress
+                        };
+                        let tcx = SchedClassifier::query_tcx(name.as_str(), dir)
+                            .map(|(_, p)| p.len())
+                            .unwrap_or(0);
+                        let tc = nl
+                            .tc_bpf_prog_ids(*index, *ingress)
+                            .await
+                            .map(|v| v.len())
+                            .unwrap_or(0);
+                        if tcx + tc == 0 {
+                            missing
+                                .push(format!("{name} at {:.3}s", started.elapsed().as_secs_f64()));
+                        }
+                    }
+                    polls.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                missing
+            })
+        })
+        .expect("poller netns")
+    })
+}
+
+fn ifindex(ns: &Netns, name: &str) -> u32 {
+    let out = ns.ip(&["-o", "link", "show", "dev", name]);
+    out.split(':')
+        .next()
+        .and_then(|i| i.trim().parse().ok())
+        .unwrap_or_else(|| panic!("ifindex of {name}: {out}"))
+}
+
+/// What the agent and the kernel hold for node `n`, as comparable text:
+/// endpoints, remote nodes (routes + peers), hostPorts, NAT entries
+/// (without their idle times) and the lease records on disk.
+fn state(w: &World, n: usize) -> BTreeMap<&'static str, BTreeSet<String>> {
+    let client = w.nodes[n].agent().client();
+    let call = |r: Request| client.call(&r).unwrap_or_else(|e| panic!("{r:?}: {e}"));
+    let mut out = BTreeMap::new();
+    if let Response::Endpoints { endpoints } = call(Request::EndpointList {}) {
+        out.insert(
+            "endpoints",
+            endpoints.iter().map(|e| format!("{e:?}")).collect(),
+        );
+    }
+    if let Response::Nodes { nodes } = call(Request::NodeList {}) {
+        out.insert("nodes", nodes.iter().map(|e| format!("{e:?}")).collect());
+    }
+    if let Response::Portmaps { mappings } = call(Request::PortmapList {}) {
+        out.insert(
+            "hostports",
+            mappings.iter().map(|e| format!("{e:?}")).collect(),
+        );
+    }
+    if let Response::Nat { entries, .. } = call(Request::NatList {
+        ip: None,
+        port: None,
+        limit: Some(100_000),
+    }) {
+        out.insert(
+            "nat",
+            entries
+                .iter()
+                .map(|e| format!("{} {} {} {} {}", e.proto, e.dir, e.src, e.dst, e.translated))
+                .collect(),
+        );
+    }
+    let dir = &w.nodes[n].agent().args().state_dir;
+    out.insert("records", records(dir));
+    assert_eq!(out.len(), 5, "every part of the state was read: {out:?}");
+    out
+}
+
+/// Every file under `dir` with its content.
+fn records(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(records(&p));
+        } else {
+            let text = std::fs::read(&p).unwrap_or_default();
+            out.insert(format!(
+                "{}: {}",
+                p.display(),
+                String::from_utf8_lossy(&text)
+            ));
+        }
+    }
+    out
+}
+
+fn restart_without_loss(mode: &str) {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, mode);
+    let (n1, n2) = (nodes[0], nodes[1]);
+    let a = w.add_pod(n1);
+    let b = w.add_pod_with_ports(
+        n1,
+        vec![PortMapping {
+            host_port: 8080,
+            container_port: 80,
+            protocol: Protocol::Tcp,
+            host_ip: None,
+        }],
+    );
+    let c = w.add_pod(n2);
+    w.add_outside();
+    let out = w.outside.as_ref().expect("outside");
+    let out_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    let n1_ip = w.nodes[n1].ip;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let streams = [
+        stream(
+            "same-node",
+            &w.pods[a].ns,
+            &w.pods[b].ns,
+            7001,
+            SocketAddr::from((w.pods[b].ip, 7001)),
+            &stop,
+        ),
+        stream(
+            "cross-node",
+            &w.pods[a].ns,
+            &w.pods[c].ns,
+            7002,
+            SocketAddr::from((w.pods[c].ip, 7002)),
+            &stop,
+        ),
+        stream(
+            "masquerade",
+            &w.pods[a].ns,
+            out,
+            7003,
+            SocketAddr::from((out_ip, 7003)),
+            &stop,
+        ),
+        stream(
+            "hostPort",
+            out,
+            &w.pods[b].ns,
+            80,
+            SocketAddr::from((n1_ip, 8080)),
+            &stop,
+        ),
+    ];
+
+    let node_ns = &w.nodes[n1].ns;
+    let mut hooks: Vec<Hook> = [a, b]
+        .iter()
+        .map(|&p| {
+            let ep = &w.pods[p].endpoint;
+            (ep.host_ifname.clone(), ep.host_ifindex, true)
+        })
+        .collect();
+    hooks.push(("eth0".into(), ifindex(node_ns, "eth0"), true));
+    hooks.push(("rivet_host".into(), ifindex(node_ns, "rivet_host"), false));
+    let poll_stop = Arc::new(AtomicBool::new(false));
+    let polls = Arc::new(AtomicU64::new(0));
+    let poll = poller(
+        node_ns.path(),
+        hooks,
+        Arc::clone(&poll_stop),
+        Arc::clone(&polls),
+    );
+
+    std::thread::sleep(Duration::from_secs(1));
+    let before = state(&w, n1);
+    assert!(
+        before["nat"].len() >= 3,
+        "the masquerade and hostPort streams are in the NAT table: {:?}",
+        before["nat"]
+    );
+
+    // SIGTERM, back; SIGKILL, back.
+    let agent = w.nodes[n1].agent_mut();
+    let st = agent.stop().expect("agent was running");
+    assert!(st.success(), "SIGTERM exit status {st}");
+    agent.restart();
+    std::thread::sleep(Duration::from_millis(700));
+    agent.stop_with(nix::sys::signal::Signal::SIGKILL);
+    agent.restart();
+    std::thread::sleep(Duration::from_millis(700));
+
+    // Down for 30 s. An ADD meanwhile fails fast with code 11.
+    let socket = w.nodes[n1].agent().socket().to_owned();
+    let conf = rivet_conf("1.1.0", &socket);
+    let plugin = Plugin::rivet(&w.nodes[n1].ns.path());
+    let late = Netns::new(format!("{}-late", w.prefix));
+    w.nodes[n1].agent_mut().stop().expect("agent was running");
+    let down = Instant::now();
+    let t = Instant::now();
+    let msg = plugin
+        .add("late", &late.path(), &conf)
+        .expect_code(11, "ADD while the agent is down");
+    let add_took = t.elapsed();
+    assert!(msg.contains("not reachable"), "{msg}");
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(down.elapsed()));
+    w.nodes[n1].agent_mut().restart();
+    std::thread::sleep(Duration::from_secs(1));
+    let after = state(&w, n1);
+    plugin
+        .add("late", &late.path(), &conf)
+        .expect_ok("ADD after the agent is back");
+
+    stop.store(true, Ordering::Relaxed);
+    let results: Vec<StreamResult> = streams.into_iter().map(Stream::finish).collect();
+    poll_stop.store(true, Ordering::Relaxed);
+    let missing = poll.join().expect("poller");
+
+    for r in &results {
+        eprintln!(
+            "{mode} {}: {} bytes sent, {} received, longest pause {:?}",
+            r.name, r.sent, r.received, r.longest_pause
+        );
+    }
+    eprintln!(
+        "{mode}: {} attachment polls, ADD while down answered in {add_took:?}",
+        polls.load(Ordering::Relaxed)
+    );
+    for r in &results {
+        assert!(
+            r.sent > 1_000_000,
+            "{}: the stream ran ({})",
+            r.name,
+            r.sent
+        );
+        assert_eq!(r.received, r.sent, "{}: bytes lost", r.name);
+        assert!(
+            r.longest_pause <= Duration::from_secs(1),
+            "{}: paused {:?}",
+            r.name,
+            r.longest_pause
+        );
+    }
+    assert!(polls.load(Ordering::Relaxed) > 1000, "the poller ran");
+    assert!(missing.is_empty(), "programs missing at times: {missing:?}");
+    assert_eq!(before, after, "state before and after the restarts");
+    plugin
+        .del("late", Some(&late.path()), &conf)
+        .expect_ok("DEL");
+}
+
+#[test]
+fn restarts_lose_nothing_vxlan() {
+    restart_without_loss("vxlan");
+}
+
+#[test]
+fn restarts_lose_nothing_ipip() {
+    restart_without_loss("ipip");
+}
+
+#[test]
+fn restarts_lose_nothing_native() {
+    restart_without_loss("native");
+}
+
+/// A pinned map whose layout differs from this build's (an upgrade that
+/// changed a map type): the agent refuses to start, naming the map and the
+/// way out, and touches nothing.
+#[test]
+fn a_changed_map_layout_is_refused_not_reused() {
+    let mut w = World::new();
+    let n = w.add_node();
+    let args = w.nodes[n].agent_args.clone();
+    let maps = args.pin_dir().join("maps");
+    std::fs::create_dir_all(&maps).expect("pin dir");
+    let pin = maps.join("ENDPOINTS");
+    let made = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&pin)
+        .args([
+            "type",
+            "hash",
+            "key",
+            "4",
+            "value",
+            "8",
+            "entries",
+            "16",
+            "name",
+            "ENDPOINTS",
+        ])
+        .output()
+        .expect("bpftool");
+    assert!(
+        made.status.success(),
+        "bpftool map create: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mut child = args
+        .command()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rivetd");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rivetd kept running on a foreign map");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("rivetd output");
+    let err =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "rivetd started on a foreign map");
+    assert!(
+        err.contains("ENDPOINTS") && err.contains("incompatible layout") && err.contains("unload"),
+        "{err}"
+    );
+    let still = std::process::Command::new("bpftool")
+        .args(["map", "show", "pinned"])
+        .arg(&pin)
+        .output()
+        .expect("bpftool");
+    assert!(
+        String::from_utf8_lossy(&still.stdout).contains("value 8B"),
+        "the pinned map was left as it was: {}",
+        String::from_utf8_lossy(&still.stdout)
+    );
+    // Once the foreign pin is gone the agent starts.
+    std::fs::remove_file(&pin).expect("remove foreign pin");
+    w.start_agent(n);
+    let p = w.add_pod(n);
+    assert!(w.pods[p].endpoint.host_ifindex > 0);
+}
