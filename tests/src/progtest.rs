@@ -287,7 +287,7 @@ impl Harness {
 /// The `struct __sk_buff` a test run starts with: ifindex (the u32 at
 /// offset 40) set, everything the kernel does not accept from userspace
 /// zero.
-fn skb_ctx(ifindex: u32) -> [u8; 44] {
+pub fn skb_ctx(ifindex: u32) -> [u8; 44] {
     let mut ctx = [0u8; 44];
     ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
     ctx

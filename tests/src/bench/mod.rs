@@ -16,6 +16,7 @@ pub mod conn;
 pub mod nat;
 pub mod overlay;
 pub mod plot;
+pub mod pps;
 pub mod progcost;
 pub mod same_node;
 

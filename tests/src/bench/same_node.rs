@@ -36,7 +36,6 @@ struct CniPod {
     conf: serde_json::Value,
 }
 
-/// Runs the benchmark.
 /// The variants, measured interleaved in this order.
 const VARIANTS: [&str; 7] = [
     "rivet",
@@ -98,6 +97,34 @@ impl FlowWatcher {
     }
 }
 
+/// Busy CPU time of the whole machine so far, in seconds: every CPU's
+/// total − idle − iowait jiffies from the aggregate `cpu` line of
+/// `/proc/stat` (user, nice, system, irq, softirq, steal; guest time is
+/// already inside user).
+fn cpu_busy_secs() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // idle (index 3) and iowait (index 4) are the CPU doing nothing.
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = v[..] else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq + steal;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&t| t > 0)
+        .unwrap_or(100);
+    Some(busy as f64 / hz as f64)
+}
+
+/// Runs the benchmark.
 pub fn run(opts: &Options) -> Report {
     let (rounds, secs) = (opts.rounds, opts.secs);
     let prefix = unique_prefix();
@@ -200,6 +227,8 @@ pub fn run(opts: &Options) -> Report {
         report.better.insert(m.into(), "lower".into());
     }
     report.better.insert("conns_per_s".into(), "higher".into());
+    report.better.insert("cpu_s_per_gb".into(), "lower".into());
+    report.notes.push("cpu_s_per_gb: CPU-seconds of the whole machine (busy = total − idle − iowait jiffies of /proc/stat, summed over all CPUs) from just before the iperf3 client starts to just after it ends, per GB the receiver got (its rate × the test length); it includes iperf3's own start and whatever else the machine runs meanwhile (the agent, other users' builds)".into());
     report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 1 s (0.3 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 1 s (0.3 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
         .better
@@ -267,8 +296,12 @@ pub fn run(opts: &Options) -> Report {
             };
             let t = if round == 0 { 1 } else { secs };
             let srv = iperf3_server(server, 5201, Some(1));
+            let cpu_before = cpu_busy_secs();
             let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
+            let cpu_after = cpu_busy_secs();
             drop(srv);
+            // Bytes the receiver got: its rate over the test's length.
+            let gbytes = res.bits_per_second / 8.0 * f64::from(t) / 1e9;
             let rtt = ping(client, ip, 100, 0.005);
             let rr = ping_pong(client, SocketAddr::from((ip, 9100)), probe);
             let conns = connection_loop(client, SocketAddr::from((ip, 9101)), probe);
@@ -282,6 +315,11 @@ pub fn run(opts: &Options) -> Report {
                 }
                 report.add("throughput_gbps", variant, res.bits_per_second / 1e9);
                 report.add("tcp_retransmits", variant, res.retransmits as f64);
+                if let (Some(b), Some(a)) = (cpu_before, cpu_after)
+                    && gbytes > 0.0
+                {
+                    report.add("cpu_s_per_gb", variant, (a - b) / gbytes);
+                }
                 if let Some(avg) = rtt.avg_ms {
                     report.add("rtt_avg_ms", variant, avg);
                 }

@@ -40,8 +40,11 @@ enum Which {
     /// map; masquerade vs iptables MASQUERADE.
     Nat,
     /// Per-packet cost of each program path (BPF_PROG_TEST_RUN), with
-    /// small and full maps.
+    /// small and full maps, and live (kernel BPF statistics under iperf3).
     ProgCost,
+    /// Packet rate of 64-byte UDP pod to pod (real frames, AF_PACKET):
+    /// rivet vs an empty TC program + kernel forwarding vs no program.
+    Pps,
 }
 
 fn main() {
@@ -68,6 +71,7 @@ fn main() {
             Which::Overlay,
             Which::Nat,
             Which::ProgCost,
+            Which::Pps,
         ]
     } else {
         args.which
@@ -80,6 +84,7 @@ fn main() {
             Which::Cni => bench::cni::run(&opts),
             Which::Overlay => bench::overlay::run(&opts),
             Which::ProgCost => bench::progcost::run(&opts),
+            Which::Pps => bench::pps::run(&opts),
             Which::Nat => bench::nat::run(
                 &opts,
                 if args.quick {
