@@ -23,6 +23,11 @@
 //! | [`sock`] | hostPorts for the node's own sockets (cgroup hooks) |
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+#![expect(
+    internal_features,
+    reason = "core::intrinsics::atomic_xadd: the BPF target has no CAS, so no AtomicU64::fetch_add"
+)]
 
 mod arp;
 mod encap;

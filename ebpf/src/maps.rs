@@ -2,14 +2,16 @@
 //! userspace pins all of them under the node's pin directory.
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use rivet_common::{
     COUNTERS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey, EventConfig,
-    HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NO_MASQ_MAX, NatConfig,
-    NatEntry, NatKey, NodeConfig, PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX,
-    SockConfig, SockRevKey, SockRevTarget, StatsEntry, nat_config_flags,
+    HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NAT_PODS_MAX,
+    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatPodKey, NodeConfig, PEERS_MAX, PeerInfo,
+    ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey, SockRevTarget, StatsEntry,
+    nat_config_flags, nat_pod_slot,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -98,6 +100,69 @@ pub fn nat_created(n: u64) {
     if let Some(slot) = NAT_STATS.get_ptr_mut(rivet_common::nat_stat::CREATED) {
         // SAFETY: this CPU's slot of a map value; no concurrent writer on it.
         unsafe { *slot += n };
+    }
+}
+
+/// Masqueraded flows per pod (see `rivet_common::nat_pod_slot`; LRU: a
+/// count pushed out is rebuilt by the collector's next recount).
+#[map]
+pub static NAT_PODS: LruHashMap<NatPodKey, u64> = LruHashMap::with_max_entries(NAT_PODS_MAX, 0);
+
+/// Counts one flow-taken-over event in `NAT_STATS` slot `slot`.
+#[inline(always)]
+pub fn nat_stat_add(slot: u32) {
+    if let Some(v) = NAT_STATS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's slot of a map value; no concurrent writer on it.
+        unsafe { *v += 1 };
+    }
+}
+
+/// The live masqueraded flows of the pod at `addr`, as far as the datapath
+/// and the collector's last recount know (never negative).
+#[inline(always)]
+pub fn nat_pod_flows(addr: u32) -> u64 {
+    let get = |slot| {
+        NAT_PODS
+            .get_ptr(NatPodKey { addr, slot })
+            // SAFETY: a map value pointer from a successful lookup; a
+            // plain read of an aligned u64 (a concurrent atomic add
+            // yields the old or the new value).
+            .map_or(0, |v| unsafe { core::ptr::read_volatile(v) })
+    };
+    let sum = get(nat_pod_slot::FLOWS).wrapping_add(get(nat_pod_slot::ADJUST)) as i64;
+    if sum < 0 { 0 } else { sum as u64 }
+}
+
+/// `*v += delta` as one BPF atomic add (`lock xadd`): other CPUs add to the
+/// same value concurrently. (The BPF target has no compare-and-swap, so
+/// `core::sync::atomic` offers no `fetch_add`; the intrinsic's result is
+/// unused, which is what the instruction supports.)
+#[inline(always)]
+fn atomic_add(v: *mut u64, delta: u64) {
+    // SAFETY: `v` is a map value pointer from a successful lookup, valid
+    // for the program run and 8-byte aligned (map values are).
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            v, delta,
+        )
+    };
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` subtracts one) to the datapath's
+/// running flow count of the pod at `addr`.
+#[inline(always)]
+pub fn nat_pod_add(addr: u32, delta: u64) {
+    let key = NatPodKey {
+        addr,
+        slot: nat_pod_slot::FLOWS,
+    };
+    if let Some(v) = NAT_PODS.get_ptr_mut(key) {
+        atomic_add(v, delta);
+    } else if NAT_PODS.insert(key, delta, u64::from(BPF_NOEXIST)).is_err()
+        && let Some(v) = NAT_PODS.get_ptr_mut(key)
+    {
+        // Another CPU created it meanwhile.
+        atomic_add(v, delta);
     }
 }
 

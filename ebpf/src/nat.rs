@@ -18,7 +18,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use rivet_common::{
-    Counter, EndpointInfo, NAT_PROBES, NatConfig, NatEntry, NatKey, NodeConfig, nat_dir, nat_flags,
+    Counter, EndpointInfo, NAT_PROBES, NAT_UNANSWERED_REUSE_NS, NatConfig, NatEntry, NatKey,
+    NodeConfig, nat_dir, nat_flags, nat_stat,
 };
 
 use crate::headers::EthHdr;
@@ -217,16 +218,24 @@ fn reopen(entry: *mut NatEntry, key: &NatKey, node_ip: u32, now: u64, ts_delta: 
 }
 
 /// Takes over the reply tuple `rkey` for the new flow `key` (its reply
-/// entry `back`) if the flow holding it is a TCP flow that ended at least
-/// `REUSE_NS` ago — what conntrack does when a SYN meets a TIME_WAIT
-/// tuple. The server's TIME_WAIT socket accepts the new SYN because the
-/// timestamps it sees on the tuple come from the node's one clock
-/// ([`tcp_ts`]). Returns how many entries were replaced or removed.
+/// entry `back`) if the flow holding it
+/// - is a TCP flow that ended at least `REUSE_NS` ago — what conntrack
+///   does when a SYN meets a TIME_WAIT tuple. The server's TIME_WAIT
+///   socket accepts the new SYN because the timestamps it sees on the
+///   tuple come from the node's one clock ([`tcp_ts`]); or
+/// - belongs to another pod, was never answered (no packet came back, no
+///   FIN or RST) and has been idle for `NAT_UNANSWERED_REUSE_NS`: a pod
+///   flooding one destination with connections nobody answers cannot
+///   keep its ports from the other pods for the whole unanswered timeout.
+///   Its own flood cannot recycle them (the flows must be another pod's),
+///   so once the range is taken, its new flows are dropped while the
+///   others' take over its stale ones. The old flow loses nothing it had:
+///   its next packet (a SYN retransmission) starts a new flow.
+///
+/// The old pod's flow count goes down by one. Returns how many entries
+/// were replaced or removed.
 #[inline(always)]
 fn take_over(rkey: &NatKey, key: &NatKey, back: &NatEntry, now: u64) -> Option<u64> {
-    if key.proto != IPPROTO_TCP {
-        return None;
-    }
     let old = NAT.get_ptr(rkey)?;
     // SAFETY: a map value pointer from a successful lookup; plain copies.
     let (pod, pod_port, back_flags, back_seen) =
@@ -243,20 +252,28 @@ fn take_over(rkey: &NatKey, key: &NatKey, back: &NatEntry, now: u64) -> Option<u
         .get_ptr(okey)
         .map(|e| unsafe { ((*e).flags, (*e).last_seen) });
     let (out_flags, out_seen) = out.unwrap_or((0, 0));
-    if !closed(out_flags, back_flags)
-        || now.wrapping_sub(if out_seen > back_seen {
-            out_seen
-        } else {
-            back_seen
-        }) < REUSE_NS
-    {
+    let idle = now.wrapping_sub(if out_seen > back_seen {
+        out_seen
+    } else {
+        back_seen
+    });
+    let ended = key.proto == IPPROTO_TCP && closed(out_flags, back_flags) && idle >= REUSE_NS;
+    let unanswered = !ended
+        && pod != key.src
+        && (out_flags | back_flags) & (nat_flags::SEEN | nat_flags::FIN | nat_flags::RST) == 0
+        && idle >= NAT_UNANSWERED_REUSE_NS;
+    if !ended && !unanswered {
         return None;
     }
     let mut replaced = 1;
     if out.is_some() && NAT.remove(okey).is_ok() {
         replaced += 1;
+        maps::nat_pod_add(pod, u64::MAX);
     }
     NAT.insert(rkey, *back, u64::from(BPF_ANY)).ok()?;
+    if unanswered {
+        maps::nat_stat_add(nat_stat::UNANSWERED_TAKEN);
+    }
     Some(replaced)
 }
 
@@ -342,6 +359,11 @@ fn allocate(
     now: u64,
     (flags, ts_delta): (u16, u32),
 ) -> Result<u16, Counter> {
+    // The pod's quota first: one pod cannot push the others' flows out of
+    // the LRU table. The packet leaves unchanged.
+    if nat.max_per_pod != 0 && maps::nat_pod_flows(key.src) >= u64::from(nat.max_per_pod) {
+        return Err(Counter::DropNatQuota);
+    }
     let (min, max) = (u32::from(nat.port_min), u32::from(nat.port_max));
     // SAFETY: plain helper call.
     let mut port = min + unsafe { bpf_get_prandom_u32() } % (max - min + 1);
@@ -378,6 +400,7 @@ fn allocate(
             if replaced < 2 {
                 maps::nat_created(2 - replaced);
             }
+            maps::nat_pod_add(key.src, 1);
             return Ok(wire);
         }
         port = if port >= max { min } else { port + 1 };

@@ -4,7 +4,9 @@
 //! translated back to the pod, an exhausted range and untranslatable
 //! packets are dropped unchanged with their reason, the map holds exactly
 //! the flow's two entries, an ended TCP flow's port goes to the same pod's
-//! next connection (only).
+//! next connection (only), a pod past its NAT quota is refused (and the
+//! collector's recount gives evicted flows back), another pod's stale
+//! unanswered flow gives up its port (an answered one never does).
 
 use std::net::Ipv4Addr;
 
@@ -695,4 +697,210 @@ fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, code: u8, about: &[u8]) -> Vec<u8> {
         ..Ipv4::new(src, dst)
     }
     .bytes()
+}
+
+/// Sets the per-pod NAT quota (flows; 0 = no limit), as the agent writes
+/// `nat_max_per_pod`.
+fn set_quota(h: &mut Harness, max_per_pod: u32) {
+    let mut cfg: aya::maps::Array<&mut MapData, rivet_common::NatConfig> =
+        aya::maps::Array::try_from(h.ebpf.map_mut("NAT_CONFIG").expect("map")).expect("array");
+    let mut c = cfg.get(&0, 0).expect("nat config");
+    c.max_per_pod = max_per_pod;
+    cfg.set(0, c, 0).expect("nat config");
+}
+
+/// A pod's live flows as the datapath's quota sees them (running count +
+/// the collector's correction).
+fn pod_flows(h: &Harness, pod: PodSide) -> i64 {
+    let map: HashMap<&MapData, rivet_common::NatPodKey, u64> =
+        HashMap::try_from(h.ebpf.map("NAT_PODS").expect("map")).expect("hash");
+    let get = |slot| {
+        map.get(
+            &rivet_common::NatPodKey {
+                addr: ipv4_key(pod.ip.octets()),
+                slot,
+            },
+            0,
+        )
+        .unwrap_or(0)
+    };
+    get(rivet_common::nat_pod_slot::FLOWS).wrapping_add(get(rivet_common::nat_pod_slot::ADJUST))
+        as i64
+}
+
+/// The harness' NAT maps pinned in a private bpffs directory (removed on
+/// drop, also when a test fails), so the agent's collector can open them.
+struct Pins(std::path::PathBuf);
+
+impl Pins {
+    fn new(h: &Harness) -> Self {
+        let dir =
+            std::path::PathBuf::from(format!("/sys/fs/bpf/{}-natq", rivet_tests::unique_prefix()));
+        std::fs::create_dir_all(&dir).expect("pin dir");
+        let pins = Self(dir);
+        for name in ["NAT", "NAT_STATS", "NAT_PODS"] {
+            h.ebpf
+                .map(name)
+                .expect("map")
+                .pin(pins.0.join(name))
+                .expect("pin");
+        }
+        pins
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn per_pod_quota_refuses_new_flows_and_the_collector_gives_them_back() {
+    with_harness(|h| {
+        h.enable_nat(61_000, 61_099);
+        set_quota(h, 3);
+        let (a, b) = (h.a, h.b);
+        for sport in 40_001..=40_003 {
+            pod_segment(h, a, sport, 0x02, Counter::FwdSnat);
+        }
+        assert_eq!(pod_flows(h, a), 3);
+        // The fourth flow of the same pod: refused, the packet unchanged
+        // (checked by `expect`), nothing added to the table.
+        pod_segment(h, a, 40_004, 0x02, Counter::DropNatQuota);
+        assert_eq!(nat_entries(h).len(), 6, "three flows, two entries each");
+        // An existing flow of that pod goes on.
+        pod_segment(h, a, 40_001, 0x10, Counter::FwdSnat);
+        // Another pod is not affected by this pod's quota.
+        pod_segment(h, b, 40_001, 0x02, Counter::FwdSnat);
+        assert_eq!(pod_flows(h, b), 1);
+        // Two of a's flows leave the table the way the LRU evicts: the
+        // datapath does not see it, the collector's recount does.
+        let mut map: HashMap<&mut MapData, NatKey, NatEntry> =
+            HashMap::try_from(h.ebpf.map_mut("NAT").expect("map")).expect("hash");
+        for sport in [40_002u16, 40_003] {
+            let k = NatKey::new(
+                ipv4_key(a.ip.octets()),
+                ipv4_key(OUTSIDE.octets()),
+                (sport.to_be(), 443u16.to_be()),
+                6,
+                nat_dir::EGRESS,
+            );
+            map.remove(&k).expect("evict");
+        }
+        pod_segment(h, a, 40_004, 0x02, Counter::DropNatQuota);
+        let pins = Pins::new(h);
+        let timeouts = rivet::nat::Timeouts {
+            tcp: 3600,
+            udp: 60,
+            closing: 10,
+        };
+        let mut collector =
+            rivet::nat::Collector::open(&pins.0.join("NAT"), timeouts).expect("collector");
+        // Now (nothing expires): the two orphaned reply entries are young,
+        // a has one flow left.
+        collector
+            .collect(rivet::nat::monotonic_ns())
+            .expect("collect");
+        assert_eq!(pod_flows(h, a), 1, "recounted");
+        assert_eq!(pod_flows(h, b), 1);
+        assert_eq!(
+            collector
+                .pod_counts()
+                .get(&ipv4_key(a.ip.octets()))
+                .copied(),
+            Some(1)
+        );
+        // a may open two more flows, not three.
+        pod_segment(h, a, 40_004, 0x02, Counter::FwdSnat);
+        pod_segment(h, a, 40_005, 0x02, Counter::FwdSnat);
+        pod_segment(h, a, 40_006, 0x02, Counter::DropNatQuota);
+        assert_eq!(pod_flows(h, a), 3);
+        // 61 s later every unanswered flow has expired: both pods' counts
+        // are gone and a may open flows again.
+        collector
+            .collect(rivet::nat::monotonic_ns() + 61_000_000_000)
+            .expect("collect");
+        assert_eq!(nat_entries(h).len(), 0, "everything expired");
+        assert_eq!(pod_flows(h, a), 0);
+        assert_eq!(pod_flows(h, b), 0);
+        pod_segment(h, a, 40_006, 0x02, Counter::FwdSnat);
+        assert_eq!(pod_flows(h, a), 1);
+        // 0: no limit.
+        set_quota(h, 0);
+        for sport in 40_010..40_020 {
+            pod_segment(h, a, sport, 0x02, Counter::FwdSnat);
+        }
+        drop(pins);
+    });
+}
+
+#[test]
+fn another_pods_unanswered_flow_gives_up_its_port_but_not_an_answered_one() {
+    with_harness(|h| {
+        // Two ports toward the server.
+        h.enable_nat(61_000, 61_001);
+        let (a, b) = (h.a, h.b);
+        // a: a connection nobody answers; b: one the server answers.
+        let pa = pod_segment(h, a, 40_001, 0x02, Counter::FwdSnat);
+        let pb = pod_segment(h, b, 40_001, 0x02, Counter::FwdSnat);
+        assert_ne!(pa, pb);
+        h.expect(
+            program_names::FROM_UPLINK,
+            &server_frame(h, pb, 0x12),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        // Young: nobody takes anything over yet.
+        pod_segment(h, b, 40_002, 0x02, Counter::DropNatNoPort);
+        pod_segment(h, a, 40_002, 0x02, Counter::DropNatNoPort);
+        std::thread::sleep(std::time::Duration::from_millis(5_200));
+        // a cannot recycle its own unanswered flow (a flood could keep the
+        // range to itself), nor take b's answered one.
+        pod_segment(h, a, 40_002, 0x02, Counter::DropNatNoPort);
+        // b's new flow takes a's stale, unanswered port.
+        assert_eq!(pod_segment(h, b, 40_002, 0x02, Counter::FwdSnat), pa);
+        let entries = nat_entries(h);
+        assert_eq!(entries.len(), 4, "b's two flows, nothing of a's");
+        assert!(
+            !entries
+                .iter()
+                .any(|(k, _)| k.src == ipv4_key(a.ip.octets())),
+            "a's egress entry is gone"
+        );
+        assert_eq!(pod_flows(h, a), 0, "a's count went down");
+        assert_eq!(pod_flows(h, b), 2);
+        let stats: aya::maps::PerCpuArray<&MapData, u64> =
+            aya::maps::PerCpuArray::try_from(h.ebpf.map("NAT_STATS").expect("map"))
+                .expect("per-cpu");
+        let taken: u64 = stats
+            .get(&rivet_common::nat_stat::UNANSWERED_TAKEN, 0)
+            .expect("slot")
+            .iter()
+            .sum();
+        assert_eq!(taken, 1);
+        // Replies on that port now reach b's new flow; b's answered flow
+        // is intact.
+        let reply = h.expect(
+            program_names::FROM_UPLINK,
+            &server_frame(h, pa, 0x12),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(&reply[30..34], &b.ip.octets());
+        assert_eq!(be16(&reply[36..38]), 40_002);
+        let reply = h.expect(
+            program_names::FROM_UPLINK,
+            &server_frame(h, pb, 0x10),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(be16(&reply[36..38]), 40_001);
+        // a's retransmitted SYN (its old flow is gone) finds no port: both
+        // are b's, answered or young.
+        pod_segment(h, a, 40_001, 0x02, Counter::DropNatNoPort);
+    });
 }

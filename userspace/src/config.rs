@@ -83,6 +83,18 @@ pub struct NatSettings {
     /// Capacity of the NAT table (entries; a masqueraded flow takes two, a
     /// hostPort connection one).
     pub max_entries: u32,
+    /// Masqueraded flows one pod may hold at a time (0: no limit); default
+    /// [`default_nat_max_per_pod`] of `max_entries`.
+    pub max_per_pod: u32,
+}
+
+/// The default per-pod NAT quota for a table of `max_entries` entries: a
+/// quarter of its flows (a flow takes two entries), so one pod can never
+/// push the others' flows out of the LRU table — it takes four pods at
+/// their quota to fill it.
+pub const fn default_nat_max_per_pod(max_entries: u32) -> u32 {
+    let q = max_entries / 8;
+    if q == 0 { 1 } else { q }
 }
 
 /// How traffic to pods on other nodes travels.
@@ -240,6 +252,8 @@ pub struct FileConfig {
     pub nat_gc_interval: Option<u64>,
     /// Capacity of the NAT table, entries.
     pub nat_max_entries: Option<u32>,
+    /// Masqueraded flows one pod may hold at a time (0: no limit).
+    pub nat_max_per_pod: Option<u32>,
     /// Capacity of the endpoints map (pods on this node).
     pub max_endpoints: Option<u32>,
     /// Capacity of the routes and peers maps (remote nodes).
@@ -309,6 +323,7 @@ impl FileConfig {
                 .or(self.nat_tcp_closing_timeout),
             nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
             nat_max_entries: other.nat_max_entries.or(self.nat_max_entries),
+            nat_max_per_pod: other.nat_max_per_pod.or(self.nat_max_per_pod),
             max_endpoints: other.max_endpoints.or(self.max_endpoints),
             max_routes: other.max_routes.or(self.max_routes),
             max_hostports: other.max_hostports.or(self.max_hostports),
@@ -402,6 +417,24 @@ fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings,
         s @ 1..=604_800 => Ok(s),
         s => Err(invalid(key, s, "must be 1..=604800 seconds")),
     };
+    let max_entries = match file.nat_max_entries.unwrap_or(rivet_common::NAT_MAX) {
+        n @ 16..=16_777_216 => n,
+        n => return Err(invalid("nat_max_entries", n, "must be 16..=16777216")),
+    };
+    let max_per_pod = match file.nat_max_per_pod {
+        None => default_nat_max_per_pod(max_entries),
+        Some(n) if n <= max_entries / 2 => n,
+        Some(n) => {
+            return Err(invalid(
+                "nat_max_per_pod",
+                n,
+                format!(
+                    "must be 0 (no limit) ..= nat_max_entries / 2 = {} flows",
+                    max_entries / 2
+                ),
+            ));
+        }
+    };
     Ok(NatSettings {
         masquerade: file.masquerade.unwrap_or(true),
         port_min,
@@ -411,10 +444,8 @@ fn nat_settings(file: &FileConfig, cluster_cidr: Ipv4Net) -> Result<NatSettings,
         udp_timeout: seconds("nat_udp_timeout", file.nat_udp_timeout, 60)?,
         tcp_closing_timeout: seconds("nat_tcp_closing_timeout", file.nat_tcp_closing_timeout, 10)?,
         gc_interval: seconds("nat_gc_interval", file.nat_gc_interval, 10)?,
-        max_entries: match file.nat_max_entries.unwrap_or(rivet_common::NAT_MAX) {
-            n @ 16..=16_777_216 => n,
-            n => return Err(invalid("nat_max_entries", n, "must be 16..=16777216")),
-        },
+        max_entries,
+        max_per_pod,
     })
 }
 
@@ -737,6 +768,11 @@ mod tests {
         assert_eq!((c.nat.port_min, c.nat.port_max), DEFAULT_NAT_PORT_RANGE);
         assert_eq!(c.nat.no_masquerade[0], c.cluster_cidr);
         assert_eq!(c.nat.no_masquerade.len(), 1 + ALWAYS_NO_MASQUERADE.len());
+        assert_eq!(c.nat.max_per_pod, rivet_common::NAT_MAX / 8);
+        let c = resolve("node_name = \"n1\"\nnat_max_entries = 4096").expect("valid");
+        assert_eq!(c.nat.max_per_pod, 512, "a quarter of the table's flows");
+        let c = resolve("node_name = \"n1\"\nnat_max_per_pod = 0").expect("valid");
+        assert_eq!(c.nat.max_per_pod, 0, "no limit");
     }
 
     #[test]
@@ -758,6 +794,10 @@ mod tests {
             ("no_masquerade = [\"10.1.0.0/33\"]", "no_masquerade"),
             ("nat_udp_timeout = 0", "nat_udp_timeout"),
             ("nat_max_entries = 3", "nat_max_entries"),
+            (
+                "nat_max_entries = 4096\nnat_max_per_pod = 2049",
+                "nat_max_per_pod",
+            ),
             ("max_endpoints = 8", "max_endpoints"),
             ("max_routes = 2000000", "max_routes"),
             ("max_hostports = 0", "max_hostports"),

@@ -8,12 +8,23 @@
 //! whose partner vanished (evicted by the LRU under pressure), counting
 //! them. It works on its own handle of the pinned map, without the agent's
 //! state lock.
+//!
+//! Per-pod quota (`nat_max_per_pod`): the datapath keeps a running count
+//! of each pod's flows in `NAT_PODS` (one per flow it creates, minus one
+//! per flow of the pod another flow takes over); flows that leave the
+//! table otherwise (expired here, evicted by the LRU) are accounted by the
+//! collector's recount: at each collection it reads the running counts,
+//! then the table, and writes each pod's correction so that count +
+//! correction = the pod's egress entries it saw (minus those it removed).
+//! Flows created while it reads the table are counted twice until the next
+//! collection — the error is on the safe side.
 
 use std::{collections::HashMap as StdHashMap, net::Ipv4Addr, ops::RangeInclusive, path::Path};
 
 use aya::maps::{HashMap, MapData, MapError};
 use rivet_common::{
-    NatConfig, NatEntry, NatKey, ipv4_from_key, nat_config_flags, nat_dir, nat_flags,
+    NatConfig, NatEntry, NatKey, NatPodKey, ipv4_from_key, nat_config_flags, nat_dir, nat_flags,
+    nat_pod_slot,
 };
 
 use crate::config::NatSettings;
@@ -68,6 +79,7 @@ pub fn datapath_config(s: &NatSettings) -> NatConfig {
         port_min: s.port_min,
         port_max: s.port_max,
         ts_base: 0,
+        max_per_pod: s.max_per_pod,
     }
 }
 
@@ -143,6 +155,8 @@ pub fn monotonic_ns() -> u64 {
 pub struct Collector {
     map: HashMap<MapData, NatKey, NatEntry>,
     counters: Option<aya::maps::PerCpuArray<MapData, u64>>,
+    /// `NAT_PODS` (absent when the datapath predates the quota).
+    pods: Option<HashMap<MapData, NatPodKey, u64>>,
     path: String,
     timeouts: Timeouts,
     stats: NatStats,
@@ -163,9 +177,14 @@ impl Collector {
         let counters = MapData::from_pin(&stats_pin)
             .ok()
             .and_then(|d| aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(d)).ok());
+        let pods_pin = pin.with_file_name(rivet_common::map_names::NAT_PODS);
+        let pods = MapData::from_pin(&pods_pin)
+            .ok()
+            .and_then(|d| HashMap::try_from(aya::maps::Map::LruHashMap(d)).ok());
         Ok(Self {
             map,
             counters,
+            pods,
             path,
             timeouts,
             stats: NatStats {
@@ -195,8 +214,63 @@ impl Collector {
         self.map.iter().filter_map(Result::ok).collect()
     }
 
+    /// The datapath's running flow count of every pod (`FLOWS` slots).
+    fn pod_flows(&self) -> StdHashMap<u32, u64> {
+        self.pods.as_ref().map_or_else(StdHashMap::new, |m| {
+            m.iter()
+                .filter_map(Result::ok)
+                .filter(|(k, _)| k.slot == nat_pod_slot::FLOWS)
+                .map(|(k, v)| (k.addr, v))
+                .collect()
+        })
+    }
+
+    /// The live flows of every pod as the datapath's quota sees them
+    /// (running count + correction, never negative).
+    pub fn pod_counts(&self) -> StdHashMap<u32, u64> {
+        let Some(m) = self.pods.as_ref() else {
+            return StdHashMap::new();
+        };
+        let mut sums: StdHashMap<u32, u64> = StdHashMap::new();
+        for (k, v) in m.iter().filter_map(Result::ok) {
+            let s = sums.entry(k.addr).or_default();
+            *s = s.wrapping_add(v);
+        }
+        sums.into_iter()
+            .map(|(a, v)| (a, u64::try_from(v as i64).unwrap_or(0)))
+            .collect()
+    }
+
+    /// Writes each pod's correction: running count (as read before the
+    /// table) + correction = `live`. A pod with no flows and a count that
+    /// did not move meanwhile loses its two slots.
+    fn recount(&mut self, before: &StdHashMap<u32, u64>, live: &StdHashMap<u32, u64>) {
+        let Some(m) = self.pods.as_mut() else {
+            return;
+        };
+        let key = |addr, slot| NatPodKey { addr, slot };
+        for addr in before.keys().chain(live.keys()) {
+            let flows0 = before.get(addr).copied().unwrap_or(0);
+            let n = live.get(addr).copied().unwrap_or(0);
+            if n == 0 {
+                let now = m.get(&key(*addr, nat_pod_slot::FLOWS), 0).ok();
+                if now.is_none_or(|v| v == flows0) {
+                    // Gone (or idle) pod: nothing to count.
+                    let _ = m.remove(&key(*addr, nat_pod_slot::FLOWS));
+                    let _ = m.remove(&key(*addr, nat_pod_slot::ADJUST));
+                    continue;
+                }
+            }
+            let _ = m.insert(key(*addr, nat_pod_slot::ADJUST), n.wrapping_sub(flows0), 0);
+        }
+    }
+
     /// One collection at time `now` (monotonic ns).
     pub fn collect(&mut self, now: u64) -> Result<NatStats, NatError> {
+        // The running counts before the table: a flow created after this
+        // read and seen in the table is counted twice (until the next
+        // collection), never not at all.
+        let flows_before = self.pod_flows();
         let all: StdHashMap<NatKey, NatEntry> = self.entries().into_iter().collect();
         let mut doomed: Vec<NatKey> = Vec::new();
         let (mut expired, mut orphaned) = (0u64, 0u64);
@@ -248,6 +322,15 @@ impl Collector {
                 orphaned += 1;
             }
         }
+        let mut live: StdHashMap<u32, u64> = StdHashMap::new();
+        let gone: std::collections::HashSet<&NatKey> = doomed.iter().collect();
+        for k in all
+            .keys()
+            .filter(|k| k.dir == nat_dir::EGRESS && !gone.contains(k))
+        {
+            *live.entry(k.src).or_default() += 1;
+        }
+        self.recount(&flows_before, &live);
         for k in &doomed {
             match self.map.remove(k) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}

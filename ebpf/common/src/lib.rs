@@ -45,9 +45,12 @@ pub mod map_names {
     pub const EVENTS: &str = "EVENTS";
     /// Event settings, one [`crate::EventConfig`] at index 0.
     pub const EVENT_CONFIG: &str = "EVENT_CONFIG";
+    /// Masqueraded flows per pod (LRU): [`crate::NatPodKey`] → `u64`, the
+    /// datapath's running count and the collector's correction.
+    pub const NAT_PODS: &str = "NAT_PODS";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -63,6 +66,7 @@ pub mod map_names {
         SOCK_REVNAT,
         EVENTS,
         EVENT_CONFIG,
+        NAT_PODS,
     ];
 }
 
@@ -160,6 +164,12 @@ pub const SOCK_REVNAT_MAX: u32 = 65_536;
 /// Ports tried, one after the other from a random start, before a new
 /// flow is dropped for want of a source port.
 pub const NAT_PROBES: u32 = 32;
+/// Capacity of the per-pod NAT flow counts (two slots per pod).
+pub const NAT_PODS_MAX: u32 = 2 * ENDPOINTS_MAX;
+/// A flow that was never answered (no packet came back) and has been idle
+/// this long (ns) gives its NAT port to another pod's new flow toward the
+/// same destination when every probed port is taken.
+pub const NAT_UNANSWERED_REUSE_NS: u64 = 5_000_000_000;
 
 /// Bytes VXLAN encapsulation adds: outer IPv4 + UDP + VXLAN + inner Ethernet.
 pub const VXLAN_OVERHEAD: u32 = 50;
@@ -369,11 +379,39 @@ impl NatKey {
     }
 }
 
+/// Key of the per-pod NAT flow counts (`NAT_PODS`): a pod address (wire
+/// order) and a [`nat_pod_slot`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NatPodKey {
+    /// The pod's address (wire order).
+    pub addr: u32,
+    /// [`nat_pod_slot`].
+    pub slot: u32,
+}
+
+/// Slots of a pod in `NAT_PODS`. The pod's live masqueraded flows are
+/// `FLOWS + ADJUST` (wrapping, read as signed): the datapath adds one per
+/// flow it creates and subtracts one per flow of the pod another flow takes
+/// over (atomic adds, never a whole-value write); the collector, which sees
+/// the table as it is (flows expired, or evicted by the LRU), writes
+/// `ADJUST` so that the sum equals its recount — each side writes its own
+/// slot only, so no update is lost.
+pub mod nat_pod_slot {
+    /// The datapath's running count (wrapping `u64`).
+    pub const FLOWS: u32 = 0;
+    /// The collector's correction (wrapping `u64`).
+    pub const ADJUST: u32 = 1;
+}
+
 /// Slots of the `NAT_STATS` map.
 pub mod nat_stat {
     /// Entries the datapath created in `NAT` (ever). With the collector's
     /// removals and the live count this gives the LRU evictions.
     pub const CREATED: u32 = 0;
+    /// Unanswered flows of one pod whose NAT port went to another pod's
+    /// new flow toward the same destination (ever).
+    pub const UNANSWERED_TAKEN: u32 = 1;
     /// Slots in the map.
     pub const SLOTS: u32 = 4;
 }
@@ -444,6 +482,10 @@ pub struct NatConfig {
     /// accepts the next connection's SYN (PAWS) — Linux gives every
     /// connection its own random offset.
     pub ts_base: u32,
+    /// Masqueraded flows one pod may hold at a time (0: no limit); a new
+    /// flow past it is dropped (`drop_nat_quota`), so one pod cannot flush
+    /// the others' flows out of the LRU table.
+    pub max_per_pod: u32,
 }
 
 /// Bits of [`NatConfig::flags`].
@@ -561,6 +603,9 @@ pub enum Counter {
     DropNatInsertFailed = 50,
     /// Rewriting the packet for NAT failed.
     DropNatRewrite = 51,
+    /// Masquerade needed but the pod already holds its quota of NAT flows
+    /// (`nat_max_per_pod`).
+    DropNatQuota = 52,
 }
 
 impl Counter {
@@ -568,7 +613,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 41] = [
+    pub const ALL: [Counter; 42] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -610,6 +655,7 @@ impl Counter {
         Counter::DropNatUnsupported,
         Counter::DropNatInsertFailed,
         Counter::DropNatRewrite,
+        Counter::DropNatQuota,
     ];
 
     /// Index in the stats map.
@@ -666,6 +712,7 @@ impl Counter {
             Counter::DropNatUnsupported => "drop_nat_unsupported",
             Counter::DropNatInsertFailed => "drop_nat_insert_failed",
             Counter::DropNatRewrite => "drop_nat_rewrite",
+            Counter::DropNatQuota => "drop_nat_quota",
         }
     }
 
@@ -720,6 +767,8 @@ mod pod {
     unsafe impl aya::Pod for super::Event {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::EventConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::NatPodKey {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -731,7 +780,8 @@ const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
 const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 12);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<NatPodKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<SockConfig>() == 8);

@@ -103,6 +103,10 @@ struct Cli {
     /// Capacity of the NAT table, entries (default 131072).
     #[arg(long)]
     nat_max_entries: Option<u32>,
+    /// Masqueraded flows one pod may hold at a time, 0 = no limit
+    /// (default nat_max_entries / 8).
+    #[arg(long)]
+    nat_max_per_pod: Option<u32>,
     /// Capacity of the endpoints map, pods (default 16384).
     #[arg(long)]
     max_endpoints: Option<u32>,
@@ -168,6 +172,7 @@ impl Cli {
             nat_tcp_closing_timeout: self.nat_tcp_closing_timeout,
             nat_gc_interval: self.nat_gc_interval,
             nat_max_entries: self.nat_max_entries,
+            nat_max_per_pod: self.nat_max_per_pod,
             max_endpoints: self.max_endpoints,
             max_routes: self.max_routes,
             max_hostports: self.max_hostports,
