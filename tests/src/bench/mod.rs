@@ -13,6 +13,7 @@ use serde::Serialize;
 
 pub mod cni;
 pub mod conn;
+pub mod control;
 pub mod nat;
 pub mod overlay;
 pub mod plot;

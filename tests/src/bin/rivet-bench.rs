@@ -45,6 +45,10 @@ enum Which {
     /// Packet rate of 64-byte UDP pod to pod (real frames, AF_PACKET):
     /// rivet vs an empty TC program + kernel forwarding vs no program.
     Pps,
+    /// Control plane: map updates/s through the agent (API and its own
+    /// code) vs ip route / nft, one change's latency with a full route
+    /// table, etcd convergence when a node joins and leaves.
+    Control,
 }
 
 fn main() {
@@ -72,6 +76,7 @@ fn main() {
             Which::Nat,
             Which::ProgCost,
             Which::Pps,
+            Which::Control,
         ]
     } else {
         args.which
@@ -85,6 +90,7 @@ fn main() {
             Which::Overlay => bench::overlay::run(&opts),
             Which::ProgCost => bench::progcost::run(&opts),
             Which::Pps => bench::pps::run(&opts),
+            Which::Control => bench::control::run(&opts, &[2, 5, 10]),
             Which::Nat => bench::nat::run(
                 &opts,
                 if args.quick {
