@@ -833,8 +833,10 @@ fn wait_counter(
 /// SYN floods (to another pod; to the outside through SNAT, answered and
 /// unanswered) and fragment floods (to the outside, the node, another pod)
 /// from one pod: the other pods' new connections succeed during and after
-/// each, the node's neighbour and route tables do not change. The NAT
-/// table fill and the per-destination port exhaustion are reported.
+/// each — also to the very destination whose NAT ports the unanswered
+/// flood took (another pod's new flow takes over a port whose flow was
+/// never answered and is idle 5 s) — and the node's neighbour and route
+/// tables do not change. The NAT table fill is reported.
 #[test]
 fn syn_and_fragment_floods_leave_other_pods_working() {
     let mut w = World::new();
@@ -852,8 +854,10 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let (own, gw_mac, own_ip) = (s.own_mac, s.gw_mac, s.own_ip);
     let report = std::env::var_os("HOSTILE_REPORT").is_some();
 
-    // Port 7700 of the outside host drops SYNs silently (a blackhole): its
-    // NAT flows are never answered, so they hold their ports.
+    // Port 7700 of the outside host drops the hostile pod's bare SYNs (no
+    // options, 40 bytes: a kernel's SYN carries options) silently — a
+    // blackhole for the flood: its NAT flows are never answered, so they
+    // hold their ports; the other pods' connections there are answered.
     outside.run("nft", &["add", "table", "inet", "hostile"]);
     outside.run(
         "nft",
@@ -869,7 +873,8 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     outside.run(
         "nft",
         &[
-            "add", "rule", "inet", "hostile", "in", "tcp", "dport", "7700", "counter", "drop",
+            "add", "rule", "inet", "hostile", "in", "tcp", "dport", "7700", "tcp", "flags", "==",
+            "syn", "ip", "length", "40", "counter", "drop",
         ],
     );
     let servers = [
@@ -996,14 +1001,27 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let snat = moved(&b, &a, "fwd_snat") + moved(&b, &a, "drop_nat_no_port");
     assert!(snat >= u64::from(FLOOD), "every SYN counted: {snat}");
 
-    // 3. SYNs to a blackhole: every port toward (outside, 7700) is taken
-    // for the unanswered-TCP timeout; the rest are dropped with a reason.
-    let (b, a, nat, row) = flood(
-        "SYN flood to outside:7700 via SNAT (blackholed)",
-        syns(outside_ip, 7700),
-        &["fwd_snat", "drop_nat_no_port"],
-    );
+    // 3. SYNs to a blackhole: the ports toward (outside, 7700) are taken,
+    // the rest of the flood is dropped with a reason — and another pod
+    // connecting to that very destination while the flood runs succeeds
+    // (its SYN retransmission takes over a stale unanswered port).
+    let start = w.nodes[n].counters();
+    let ((b, a, nat, row), during) = std::thread::scope(|scope| {
+        let during = scope.spawn(|| {
+            // Once the flood has taken the range (its SYNs are refused).
+            wait_counter(&w, n, &start, "drop_nat_no_port", 1);
+            fresh_connection(&w.pods[v2].ns, SocketAddr::from((outside_ip, 7700)))
+        });
+        let r = flood(
+            "SYN flood to outside:7700 via SNAT (blackholed)",
+            syns(outside_ip, 7700),
+            &["fwd_snat", "drop_nat_no_port"],
+        );
+        (r, during.join().expect("victim thread"))
+    });
     rows.push(row);
+    let during =
+        during.unwrap_or_else(|e| panic!("during the blackholed flood, to outside:7700: {e}"));
     let (out, refused) = (moved(&b, &a, "fwd_snat"), moved(&b, &a, "drop_nat_no_port"));
     assert!(
         out + refused >= u64::from(FLOOD),
@@ -1026,14 +1044,18 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     };
     let range = u64::from(nat.port_max - nat.port_min) + 1;
     assert!(held <= range, "{held} flows in a range of {range} ports");
-    // What that means for everyone else on the node: a new connection of
-    // another pod to the very same destination (address, port) finds no port.
+    // Right after the flood every port toward (outside, 7700) is the
+    // hostile pod's, unanswered: a new connection of another pod to the
+    // very same destination still succeeds (before: refused for the 60 s
+    // unanswered-TCP timeout, drop_nat_no_port).
     let before = w.nodes[n].counters();
-    let other = fresh_connection(&w.pods[v1].ns, SocketAddr::from((outside_ip, 7700)));
+    let other = fresh_connection(&w.pods[v1].ns, SocketAddr::from((outside_ip, 7700)))
+        .unwrap_or_else(|e| panic!("after the blackholed flood, to outside:7700: {e}"));
     let after = w.nodes[n].counters();
     rows.push(format!(
-        "| afterwards: victim connects to outside:7700 | - | {} ; drop_nat_no_port +{} | ports of (outside, 7700) held by the hostile pod: {held} of {range} |",
-        if other.is_ok() { "connected" } else { "failed" },
+        "| during / after: victims connect to outside:7700 | - | connected in {:.1} s / {:.1} s ; drop_nat_no_port +{} (the victim's first SYNs) | ports of (outside, 7700) held by the hostile pod: {held} of {range} |",
+        during.as_secs_f64(),
+        other.as_secs_f64(),
         moved(&before, &after, "drop_nat_no_port")
     ));
 
@@ -1072,13 +1094,14 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     assert_pods_connect(&w, &[hostile, v1, v2], &mut port);
 }
 
-/// A flood of new flows from one pod into a NAT table that is too small
-/// (4096 entries = 2048 flows, set at load): the LRU table recycles the
-/// least recently used flows — including another pod's idle, established
-/// connection. Reported with numbers; asserted: the table never exceeds its
-/// size, evictions are counted, and new connections of other pods succeed.
+/// A flood of new flows from one pod into a small NAT table (4096 entries
+/// = 2048 flows, set at load): the pod's quota (default `nat_max_per_pod`
+/// = a quarter of the table's flows, 512) stops it — the rest of the flood
+/// is dropped as `drop_nat_quota` — so nothing is evicted and another
+/// pod's idle, established connection keeps its entries and works; new
+/// connections of the other pods succeed.
 #[test]
-fn nat_flood_into_a_small_table_recycles_flows() {
+fn nat_flood_into_a_small_table_is_stopped_by_the_pod_quota() {
     use std::io::{Read as _, Write as _};
     let mut w = World::new();
     let n = w.add_node();
@@ -1139,10 +1162,23 @@ fn nat_flood_into_a_small_table_recycles_flows() {
         .sock
         .send_all(frames.iter().map(Vec::as_slice))
         .expect("flood");
-    let after = wait_counter(&w, n, &before, "fwd_snat", sent);
+    let quota = u64::from(rivet::config::default_nat_max_per_pod(4096));
+    let after = wait_counter(&w, n, &before, "drop_nat_quota", sent - quota);
     let nat = nat_status_fresh(&w, n);
+    let (out, refused) = (
+        moved(&before, &after, "fwd_snat"),
+        moved(&before, &after, "drop_nat_quota"),
+    );
+    assert_eq!(out + refused, sent, "each SYN left or was dropped");
+    assert!(
+        out <= quota,
+        "{out} flows of one pod past its quota of {quota}"
+    );
     assert!(nat.entries <= nat.max_entries, "{nat:?}");
-    assert!(nat.evicted > 0, "a full table must show evictions: {nat:?}");
+    assert_eq!(
+        nat.evicted, 0,
+        "a flood within the quota evicts nothing: {nat:?}"
+    );
 
     // Does the victim's idle flow still have its entries, and does its
     // connection still work?
@@ -1165,9 +1201,7 @@ fn nat_flood_into_a_small_table_recycles_flows() {
     let _ = echo.join();
     if std::env::var_os("HOSTILE_REPORT").is_some() {
         eprintln!(
-            "| NAT flood into a 4096-entry table | {sent} | fwd_snat +{}, drop_nat_no_port +{} | entries {} / {}, evicted {}; victim's established flow: {} entries left, connection {} |",
-            moved(&before, &after, "fwd_snat"),
-            moved(&before, &after, "drop_nat_no_port"),
+            "| NAT flood into a 4096-entry table | {sent} | fwd_snat +{out}, drop_nat_quota +{refused} | entries {} / {}, evicted {}; victim's established flow: {} entries left, connection {} |",
             nat.entries,
             nat.max_entries,
             nat.evicted,
@@ -1175,6 +1209,8 @@ fn nat_flood_into_a_small_table_recycles_flows() {
             if survived { "still works" } else { "BROKEN" }
         );
     }
+    assert_eq!(victim_entries, 2, "the victim's flow keeps its two entries");
+    assert!(survived, "the victim's established connection still works");
     // New connections of the other pods still succeed.
     let server = OkServer::start(outside, 7901);
     for v in [v1, v2] {
