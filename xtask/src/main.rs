@@ -105,7 +105,9 @@ enum Cmd {
         #[arg(last = true)]
         rest: Vec<String>,
     },
-    /// Benchmarks (see BENCHMARKS.md).
+    /// Benchmarks (see BENCHMARKS.md). `--check`: the regression guard
+    /// only (program size vs tests/bench-baseline.json, seconds; with
+    /// `--update-baseline --reason "why"` rewrites the baseline).
     Bench {
         /// Arguments for the bench runner (e.g. `same-node --pairs 5`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -265,6 +267,7 @@ fn run(cmd: Cmd) -> Result<()> {
                     .args(&rest),
             )
         }
+        Cmd::Bench { args } if args.iter().any(|a| a == "--check") => bench_check(&args),
         Cmd::Bench { args } => {
             build()?;
             run_cmd(
@@ -284,6 +287,25 @@ fn run(cmd: Cmd) -> Result<()> {
             )
         }
     }
+}
+
+/// The regression guard (`rivet-bench --check`): needs only the embedded
+/// object, so the debug build of rivet-tests does (seconds when `cargo
+/// test` has built it), not the release build of everything.
+fn bench_check(args: &[String]) -> Result<()> {
+    run_cmd(
+        cargo()
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "rivet-tests",
+                "--bin",
+                "rivet-bench",
+                "--",
+            ])
+            .args(args),
+    )
 }
 
 fn build() -> Result<()> {
@@ -356,6 +378,9 @@ fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
     // the plugin tests run the static build, the one that ships.
     run_cmd(cargo().args(["build", "-p", "rivet", "-p", "rivet-cni"]))?;
     let cni = static_cni(false)?;
+    // Gate on program size (verified instructions, xlated bytes) before
+    // the tests: deterministic, seconds (see `cargo xtask bench --check`).
+    bench_check(&["--check".to_owned()])?;
     let mut cmd = cargo();
     cmd.env("RIVET_CNI_BIN", &cni);
     cmd.args([

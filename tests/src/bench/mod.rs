@@ -14,6 +14,7 @@ use serde::Serialize;
 pub mod cni;
 pub mod conn;
 pub mod control;
+pub mod guard;
 pub mod nat;
 pub mod overlay;
 pub mod plot;

@@ -24,6 +24,20 @@ struct Args {
     /// Smoke run: fewer, shorter samples.
     #[arg(long)]
     quick: bool,
+    /// Regression guard instead of benchmarks: each program's verified
+    /// instructions and xlated size (kernel program info) against the
+    /// committed baseline; fails on growth over 15% (seconds).
+    #[arg(long, conflicts_with_all = ["which", "quick"])]
+    check: bool,
+    /// With --check: rewrite the baseline with the current figures.
+    #[arg(long, requires_all = ["check", "reason"])]
+    update_baseline: bool,
+    /// Why the baseline changes (recorded in it; required, not empty).
+    #[arg(long, requires = "update_baseline")]
+    reason: Option<String>,
+    /// Baseline file (default: tests/bench-baseline.json).
+    #[arg(long, requires = "check")]
+    baseline: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -53,6 +67,13 @@ enum Which {
 
 fn main() {
     let args = Args::parse();
+    if args.check {
+        let path = args.baseline.unwrap_or_else(bench::guard::default_baseline);
+        let reason = args
+            .update_baseline
+            .then_some(args.reason.as_deref().unwrap_or(""));
+        std::process::exit(bench::guard::main(&path, reason));
+    }
     let opts = if args.quick {
         // A smoke run of every benchmark in under 3 minutes (measuring
         // time; the release build before it is extra).
