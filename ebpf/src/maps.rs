@@ -9,7 +9,7 @@ use aya_ebpf::{
 use rivet_common::{
     COUNTERS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey, EventConfig,
     HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NAT_PODS_MAX,
-    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatPodKey, NodeConfig, PEERS_MAX, PeerInfo,
+    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PEERS_MAX, PeerInfo,
     ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey, SockRevTarget, StatsEntry,
     nat_config_flags, nat_pod_slot,
 };
@@ -47,6 +47,16 @@ pub static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::with_max_entries(NAT_
 /// Masquerade settings at index 0.
 #[map]
 pub static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
+
+/// NAT limits at index 0 (the per-pod quota).
+#[map]
+pub static NAT_LIMITS: Array<NatLimits> = Array::with_max_entries(1, 0);
+
+/// The per-pod flow quota (0: none).
+#[inline(always)]
+pub fn nat_max_per_pod() -> u32 {
+    NAT_LIMITS.get(0).map_or(0, |l| l.max_per_pod)
+}
 
 /// Destinations never masqueraded (the cluster CIDR and the configured list).
 #[map]

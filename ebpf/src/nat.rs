@@ -361,7 +361,8 @@ fn allocate(
 ) -> Result<u16, Counter> {
     // The pod's quota first: one pod cannot push the others' flows out of
     // the LRU table. The packet leaves unchanged.
-    if nat.max_per_pod != 0 && maps::nat_pod_flows(key.src) >= u64::from(nat.max_per_pod) {
+    let quota = maps::nat_max_per_pod();
+    if quota != 0 && maps::nat_pod_flows(key.src) >= u64::from(quota) {
         return Err(Counter::DropNatQuota);
     }
     let (min, max) = (u32::from(nat.port_min), u32::from(nat.port_max));

@@ -425,7 +425,6 @@ impl Harness {
                 port_min,
                 port_max,
                 ts_base: 0x1234_5678,
-                max_per_pod: 0,
             },
             0,
         )

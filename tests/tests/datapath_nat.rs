@@ -702,11 +702,11 @@ fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, code: u8, about: &[u8]) -> Vec<u8> {
 /// Sets the per-pod NAT quota (flows; 0 = no limit), as the agent writes
 /// `nat_max_per_pod`.
 fn set_quota(h: &mut Harness, max_per_pod: u32) {
-    let mut cfg: aya::maps::Array<&mut MapData, rivet_common::NatConfig> =
-        aya::maps::Array::try_from(h.ebpf.map_mut("NAT_CONFIG").expect("map")).expect("array");
-    let mut c = cfg.get(&0, 0).expect("nat config");
-    c.max_per_pod = max_per_pod;
-    cfg.set(0, c, 0).expect("nat config");
+    let mut limits: aya::maps::Array<&mut MapData, rivet_common::NatLimits> =
+        aya::maps::Array::try_from(h.ebpf.map_mut("NAT_LIMITS").expect("map")).expect("array");
+    limits
+        .set(0, rivet_common::NatLimits { max_per_pod }, 0)
+        .expect("nat limits");
 }
 
 /// A pod's live flows as the datapath's quota sees them (running count +

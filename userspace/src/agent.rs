@@ -237,6 +237,7 @@ impl Agent {
         cluster.restore(&dp)?;
 
         dp.write_nat_config(crate::nat::datapath_config(&cfg.nat))?;
+        dp.write_nat_limits(crate::nat::datapath_limits(&cfg.nat))?;
         dp.set_no_masquerade(&cfg.nat.no_masquerade)?;
 
         store::create_private_dir(&cfg.state_dir)?;
@@ -404,12 +405,15 @@ impl Agent {
             Request::NodeSet(entry) => {
                 let node = RemoteNode::from_entry(&entry, self.cfg.vni)
                     .map_err(|e| ApiError::new(ErrorKind::BadRequest, e.to_string()))?;
+                let subnet = node.subnet;
                 let changed = cluster
                     .upsert(dp, node)
                     .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-                tracing::info!(subnet = %entry.subnet, node_ip = %entry.node_ip, changed, "node set");
+                tracing::debug!(subnet = %entry.subnet, node_ip = %entry.node_ip, changed, "node set");
+                // The node as it now stands (not the whole table: an answer
+                // must not grow with the cluster).
                 Ok(Response::Nodes {
-                    nodes: cluster.list(),
+                    nodes: cluster.entry(subnet).into_iter().collect(),
                 })
             }
             Request::NodeDel { subnet } => {

@@ -92,6 +92,9 @@ pub struct Cluster {
     own_ip: Option<Ipv4Addr>,
     vni: u32,
     nodes: BTreeMap<Ipv4Net, RemoteNode>,
+    /// Subnets per node address: a peer entry goes when its count does
+    /// (constant time, not a scan of every node).
+    per_ip: BTreeMap<Ipv4Addr, usize>,
 }
 
 impl Cluster {
@@ -110,6 +113,7 @@ impl Cluster {
             own_ip,
             vni,
             nodes: BTreeMap::new(),
+            per_ip: BTreeMap::new(),
         }
     }
 
@@ -135,18 +139,35 @@ impl Cluster {
         for (subnet, route) in dp.list_routes()? {
             let node_ip = Ipv4Addr::from(rivet_common::ipv4_from_key(route.node_ip));
             let peer = peers.get(&node_ip);
-            self.nodes.insert(
+            self.put(RemoteNode {
                 subnet,
-                RemoteNode {
-                    subnet,
-                    node_ip,
-                    vtep_mac: peer
-                        .map_or_else(|| crate::node::vtep_mac_for(node_ip), |p| p.vtep_mac),
-                    vni: peer.map_or(self.vni, |p| p.vni),
-                },
-            );
+                node_ip,
+                vtep_mac: peer.map_or_else(|| crate::node::vtep_mac_for(node_ip), |p| p.vtep_mac),
+                vni: peer.map_or(self.vni, |p| p.vni),
+            });
         }
         Ok(())
+    }
+
+    fn put(&mut self, node: RemoteNode) {
+        *self.per_ip.entry(node.node_ip).or_default() += 1;
+        if let Some(old) = self.nodes.insert(node.subnet, node) {
+            self.forget_ip(old.node_ip);
+        }
+    }
+
+    /// One subnet fewer for `ip`; true when it was the last.
+    fn forget_ip(&mut self, ip: Ipv4Addr) -> bool {
+        match self.per_ip.get_mut(&ip) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.per_ip.remove(&ip);
+                true
+            }
+        }
     }
 
     /// Every remote node, by subnet.
@@ -155,6 +176,13 @@ impl Cluster {
             .values()
             .map(|n| n.entry(self.route_mode(n.node_ip)))
             .collect()
+    }
+
+    /// The remote node owning `subnet`, as the API shows it.
+    pub fn entry(&self, subnet: Ipv4Net) -> Option<NodeEntry> {
+        self.nodes
+            .get(&subnet)
+            .map(|n| n.entry(self.route_mode(n.node_ip)))
     }
 
     /// Number of remote nodes.
@@ -196,12 +224,12 @@ impl Cluster {
             },
         ) {
             // No half-added node: a peer without a route (ROUTES full).
-            if !self.nodes.values().any(|n| n.node_ip == node.node_ip) {
+            if !self.per_ip.contains_key(&node.node_ip) {
                 let _ = dp.remove_peer(node.node_ip);
             }
             return Err(e.into());
         }
-        self.nodes.insert(node.subnet, node);
+        self.put(node);
         Ok(true)
     }
 
@@ -212,7 +240,7 @@ impl Cluster {
             return Ok(false);
         };
         dp.remove_route(subnet)?;
-        if !self.nodes.values().any(|n| n.node_ip == node.node_ip) {
+        if self.forget_ip(node.node_ip) {
             dp.remove_peer(node.node_ip)?;
         }
         Ok(true)

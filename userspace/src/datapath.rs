@@ -24,8 +24,8 @@ use aya::{
 use ipnet::Ipv4Net;
 use rivet_common::{
     COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, NatConfig,
-    NatEntry, NatKey, NodeConfig, PeerInfo, RouteInfo, SockConfig, SockRevKey, SockRevTarget,
-    StatsEntry, ipv4_from_key, ipv4_key, map_names, program_names,
+    NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PeerInfo, RouteInfo, SockConfig,
+    SockRevKey, SockRevTarget, StatsEntry, ipv4_from_key, ipv4_key, map_names, program_names,
 };
 
 use crate::{
@@ -182,7 +182,7 @@ fn insert_err<'a>(
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 13] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 15] = [
     (
         map_names::SOCK_CONFIG,
         MapType::Array,
@@ -218,6 +218,18 @@ const MAP_LAYOUTS: [(&str, MapType, usize, usize); 13] = [
         MapType::Array,
         size_of::<u32>(),
         size_of::<NatConfig>(),
+    ),
+    (
+        map_names::NAT_PODS,
+        MapType::LruHash,
+        size_of::<NatPodKey>(),
+        size_of::<u64>(),
+    ),
+    (
+        map_names::NAT_LIMITS,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<NatLimits>(),
     ),
     (
         map_names::NO_MASQ,
@@ -792,6 +804,18 @@ impl Datapath {
             random_u32() | 1
         };
         array.set(0, config, 0).map_err(map_err(name))
+    }
+
+    /// Writes the NAT limits (the per-pod quota).
+    pub fn write_nat_limits(&mut self, limits: NatLimits) -> Result<(), DatapathError> {
+        let name = map_names::NAT_LIMITS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut array: Array<&mut MapData, NatLimits> =
+            Array::try_from(map).map_err(map_err(name))?;
+        array.set(0, limits, 0).map_err(map_err(name))
     }
 
     /// Replaces the set of destinations that are never masqueraded.

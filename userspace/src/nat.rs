@@ -23,8 +23,8 @@ use std::{collections::HashMap as StdHashMap, net::Ipv4Addr, ops::RangeInclusive
 
 use aya::maps::{HashMap, MapData, MapError};
 use rivet_common::{
-    NatConfig, NatEntry, NatKey, NatPodKey, ipv4_from_key, nat_config_flags, nat_dir, nat_flags,
-    nat_pod_slot,
+    NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, ipv4_from_key, nat_config_flags, nat_dir,
+    nat_flags, nat_pod_slot,
 };
 
 use crate::config::NatSettings;
@@ -79,6 +79,12 @@ pub fn datapath_config(s: &NatSettings) -> NatConfig {
         port_min: s.port_min,
         port_max: s.port_max,
         ts_base: 0,
+    }
+}
+
+/// The limits the datapath reads.
+pub fn datapath_limits(s: &NatSettings) -> NatLimits {
+    NatLimits {
         max_per_pod: s.max_per_pod,
     }
 }

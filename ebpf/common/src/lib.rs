@@ -48,9 +48,11 @@ pub mod map_names {
     /// Masqueraded flows per pod (LRU): [`crate::NatPodKey`] → `u64`, the
     /// datapath's running count and the collector's correction.
     pub const NAT_PODS: &str = "NAT_PODS";
+    /// NAT limits, one [`crate::NatLimits`] at index 0.
+    pub const NAT_LIMITS: &str = "NAT_LIMITS";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -67,6 +69,7 @@ pub mod map_names {
         EVENTS,
         EVENT_CONFIG,
         NAT_PODS,
+        NAT_LIMITS,
     ];
 }
 
@@ -482,6 +485,15 @@ pub struct NatConfig {
     /// accepts the next connection's SYN (PAWS) — Linux gives every
     /// connection its own random offset.
     pub ts_base: u32,
+}
+
+/// NAT limits; one entry at index 0. A map of its own rather than more
+/// fields in [`NatConfig`], whose layout pinned maps of earlier releases
+/// hold: an upgrade adds this map and keeps every flow and the timestamp
+/// base.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatLimits {
     /// Masqueraded flows one pod may hold at a time (0: no limit); a new
     /// flow past it is dropped (`drop_nat_quota`), so one pod cannot flush
     /// the others' flows out of the LRU table.
@@ -753,6 +765,8 @@ mod pod {
     unsafe impl aya::Pod for super::NatEntry {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::NatConfig {}
+    // SAFETY: repr(C), one u32, no padding.
+    unsafe impl aya::Pod for super::NatLimits {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::HostPortKey {}
     // SAFETY: see above.
@@ -780,7 +794,8 @@ const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
 const _: () = assert!(core::mem::size_of::<StatsEntry>() == 16);
 const _: () = assert!(core::mem::size_of::<NatKey>() == 16);
 const _: () = assert!(core::mem::size_of::<NatEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<NatConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<NatConfig>() == 12);
+const _: () = assert!(core::mem::size_of::<NatLimits>() == 4);
 const _: () = assert!(core::mem::size_of::<NatPodKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortKey>() == 8);
 const _: () = assert!(core::mem::size_of::<HostPortTarget>() == 8);
