@@ -32,6 +32,10 @@ const APT_PACKAGES: &[&str] = &[
 /// The bpf-linker release that matches aya-ebpf 0.2.1 and LLVM 22.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// The cargo-fuzz release `cargo xtask fuzz` runs (built with the stable
+/// toolchain; the fuzz targets themselves build with nightly).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 fn ok(what: &str) {
     eprintln!("  ok   {what}");
 }
@@ -74,6 +78,7 @@ pub fn run() -> Result<()> {
     nightly_rust_src()?;
     let sysroot = llvm_symlink()?;
     bpf_linker(&sysroot)?;
+    cargo_fuzz()?;
     bpffs()?;
     Ok(())
 }
@@ -186,6 +191,26 @@ fn bpf_linker(sysroot: &Path) -> Result<()> {
                 &format!("llvm-{major}"),
             ]),
     )
+}
+
+fn cargo_fuzz() -> Result<()> {
+    let have = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if have.split_whitespace().any(|w| w == CARGO_FUZZ_VERSION) {
+        ok(&format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
+        return Ok(());
+    }
+    doing(&format!(
+        "cargo install cargo-fuzz@{CARGO_FUZZ_VERSION} (about a minute)"
+    ));
+    status(Command::new("cargo").args([
+        "install",
+        &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+        "--locked",
+    ]))
 }
 
 fn bpffs() -> Result<()> {
