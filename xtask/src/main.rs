@@ -113,6 +113,16 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run the fuzz targets (fuzz/, cargo-fuzz + libFuzzer on nightly),
+    /// each for a bounded time; any crash fails (its input is saved under
+    /// fuzz/artifacts/<target>/).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+        /// Only this target (default: all).
+        target: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -286,6 +296,7 @@ fn run(cmd: Cmd) -> Result<()> {
                     .args(args),
             )
         }
+        Cmd::Fuzz { secs, target } => fuzz(secs, target.as_deref()),
     }
 }
 
@@ -394,5 +405,68 @@ fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
     if let Some(f) = filter {
         cmd.arg(f);
     }
-    run_cmd(&mut cmd)
+    run_cmd(&mut cmd)?;
+    // The whole suite also fuzzes every target briefly (zero crashes).
+    if filter.is_none() {
+        fuzz(FUZZ_CI_SECS, None)?;
+    }
+    Ok(())
+}
+
+/// Seconds per fuzz target in `cargo xtask test`.
+const FUZZ_CI_SECS: u64 = 15;
+
+/// The fuzz targets and their libFuzzer options (dictionaries, input size).
+const FUZZ_TARGETS: &[(&str, &[&str])] = &[
+    ("cni_config", &["-dict=fuzz/dict/cni.dict", "-max_len=8192"]),
+    ("runtime_config", &["-max_len=4096"]),
+    (
+        "agent_request",
+        &["-dict=fuzz/dict/api.dict", "-max_len=8192"],
+    ),
+    (
+        "state_loader",
+        &["-dict=fuzz/dict/state.dict", "-max_len=20000"],
+    ),
+    ("event_record", &["-max_len=64"]),
+];
+
+/// `cargo fuzz` on nightly, in the workspace root, without the eBPF build
+/// (the targets never load the object).
+fn cargo_fuzz() -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo", "fuzz"])
+        .env("AYA_BUILD_SKIP", "1");
+    cmd
+}
+
+/// Builds every fuzz target once, then runs each (or `only`) for `secs`
+/// seconds from its committed seeds (fuzz/corpus/<target>/seed-*).
+fn fuzz(secs: u64, only: Option<&str>) -> Result<()> {
+    let targets: Vec<_> = FUZZ_TARGETS
+        .iter()
+        .filter(|(name, _)| only.is_none_or(|t| t == *name))
+        .collect();
+    if targets.is_empty() {
+        let names: Vec<&str> = FUZZ_TARGETS.iter().map(|(n, _)| *n).collect();
+        bail!("no fuzz target {only:?}; targets: {}", names.join(", "));
+    }
+    let started = Instant::now();
+    run_cmd(cargo_fuzz().arg("build"))?;
+    let built = started.elapsed().as_secs_f64();
+    for (name, options) in &targets {
+        run_cmd(
+            cargo_fuzz()
+                .args(["run", name, "--"])
+                .arg(format!("-max_total_time={secs}"))
+                .args(["-timeout=10", "-print_final_stats=1"])
+                .args(*options),
+        )?;
+    }
+    eprintln!(
+        "fuzz: {} target(s), {secs} s each, no crash (build {built:.0} s, total {:.0} s)",
+        targets.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
