@@ -38,8 +38,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data)
         && let Ok(event) = serde_json::from_str::<MonitorEvent>(text)
     {
-        let again = serde_json::to_string(&event)
-            .unwrap_or_else(|e| panic!("re-encoding {event:?}: {e}"));
+        let again =
+            serde_json::to_string(&event).unwrap_or_else(|e| panic!("re-encoding {event:?}: {e}"));
         assert!(serde_json::from_str::<MonitorEvent>(&again).is_ok());
     }
 });

@@ -28,8 +28,7 @@ fn check_error_doc(e: &CniError, stdin: &[u8], codes: &[u32]) {
     // The version comes from the config when it has one (even an unknown
     // one: the runtime reads errors in the version it asked for).
     assert!(
-        NetConf::version_of(stdin).as_deref() == Some(version)
-            || version == skel::CURRENT_VERSION,
+        NetConf::version_of(stdin).as_deref() == Some(version) || version == skel::CURRENT_VERSION,
         "error document in version {version:?}"
     );
     assert!(serde_json::to_string(&doc).is_ok());
@@ -59,7 +58,11 @@ fuzz_target!(|data: &[u8]| {
             return check_error_doc(
                 &e,
                 stdin,
-                &[code::INCOMPATIBLE_VERSION, code::DECODE, code::INVALID_CONFIG],
+                &[
+                    code::INCOMPATIBLE_VERSION,
+                    code::DECODE,
+                    code::INVALID_CONFIG,
+                ],
             );
         }
     };

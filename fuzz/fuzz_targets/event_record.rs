@@ -26,20 +26,34 @@ fuzz_target!(|data: &[u8]| {
         assert!(data.len() < size_of::<Event>());
         return;
     };
-    assert_eq!(size_of::<Event>(), 24, "the ABI changed: update this target");
+    assert_eq!(
+        size_of::<Event>(),
+        24,
+        "the ABI changed: update this target"
+    );
     assert_eq!(
         (ev.kind, ev.proto, ev.counter, ev.ifindex),
         (data[0], data[1], ne16(data, 2), ne32(data, 4))
     );
     assert_eq!(
         (ev.src, ev.dst, ev.sport, ev.dport, ev.len),
-        (ne32(data, 8), ne32(data, 12), ne16(data, 16), ne16(data, 18), ne32(data, 20))
+        (
+            ne32(data, 8),
+            ne32(data, 12),
+            ne16(data, 16),
+            ne16(data, 18),
+            ne32(data, 20)
+        )
     );
 
     let decoded = rivet::events::decode(&ev);
     assert_eq!(
         decoded.kind,
-        if ev.kind == event_kind::DROP { "drop" } else { "flow" }
+        if ev.kind == event_kind::DROP {
+            "drop"
+        } else {
+            "flow"
+        }
     );
     match Counter::from_index(u32::from(ev.counter)) {
         Some(c) => {
@@ -50,7 +64,11 @@ fuzz_target!(|data: &[u8]| {
     }
     assert_eq!((decoded.ifindex, decoded.len), (ev.ifindex, ev.len));
     if matches!(ev.proto, 6 | 17) {
-        assert!(decoded.src.ends_with(&format!(":{}", u16::from_be(ev.sport))));
+        assert!(
+            decoded
+                .src
+                .ends_with(&format!(":{}", u16::from_be(ev.sport)))
+        );
     }
 
     // The line the agent writes and the client reads.

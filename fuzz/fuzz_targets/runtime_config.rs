@@ -80,9 +80,12 @@ struct Input {
     raw: Option<String>,
 }
 
+/// A mapping as the model sees it: hostPort, containerPort, protocol, hostIP.
+type Modelled = (u16, u16, Protocol, Option<Ipv4Addr>);
+
 /// The rules for one mapping: `Err(())` when invalid, `Ok(None)` when
 /// skipped (IPv6 host address), else the mapping.
-fn model(m: &Mapping) -> Result<Option<(u16, u16, Protocol, Option<Ipv4Addr>)>, ()> {
+fn model(m: &Mapping) -> Result<Option<Modelled>, ()> {
     let protocol = match m
         .protocol
         .as_ref()
@@ -115,7 +118,8 @@ fuzz_target!(|input: Input| {
         .mappings
         .iter()
         .map(|m| {
-            let mut v = json!({"hostPort": m.host_port.value(), "containerPort": m.container_port.value()});
+            let mut v =
+                json!({"hostPort": m.host_port.value(), "containerPort": m.container_port.value()});
             if let Some(p) = &m.protocol {
                 v["protocol"] = json!(p.render());
             }
@@ -180,7 +184,12 @@ fuzz_target!(|input: Input| {
         }
         let bw = conf.bandwidth();
         assert_eq!(
-            bw.map(|b| [b.ingress_rate, b.ingress_burst, b.egress_rate, b.egress_burst]),
+            bw.map(|b| [
+                b.ingress_rate,
+                b.ingress_burst,
+                b.egress_rate,
+                b.egress_burst
+            ]),
             input.bandwidth
         );
     }
@@ -198,7 +207,10 @@ fuzz_target!(|input: Input| {
         match (&requested, first) {
             (Ok(None), None) => {}
             (Ok(Some(ip)), Some(t)) => {
-                assert_eq!(t.split('/').next().map(str::parse::<Ipv4Addr>), Some(Ok(*ip)));
+                assert_eq!(
+                    t.split('/').next().map(str::parse::<Ipv4Addr>),
+                    Some(Ok(*ip))
+                );
             }
             (Err(e), Some(_)) => assert_eq!(e.code, code::INVALID_CONFIG),
             (r, f) => panic!("requested IP: plugin {r:?}, first entry {f:?}"),
