@@ -479,3 +479,54 @@ fn a_changed_map_layout_is_refused_not_reused() {
     let p = w.add_pod(n);
     assert!(w.pods[p].endpoint.host_ifindex > 0);
 }
+
+/// A lease record torn while the agent was down (truncated to half): the
+/// agent rebuilds it from the datapath and the live veth — the pod keeps
+/// its network, its address and its hostPort — instead of treating the pod
+/// as unknown.
+#[test]
+fn a_torn_lease_record_is_rebuilt_from_the_datapath() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let a = w.add_pod(n);
+    let b = w.add_pod_with_ports(
+        n,
+        vec![PortMapping {
+            host_port: 8080,
+            container_port: 80,
+            protocol: Protocol::Tcp,
+            host_ip: None,
+        }],
+    );
+    let before = state(&w, n);
+    let record = w.nodes[n]
+        .agent()
+        .args()
+        .state_dir
+        .join("endpoints")
+        .join(format!("{}.json", w.pods[b].endpoint.host_ifname));
+    let text = std::fs::read(&record).expect("record");
+
+    w.nodes[n].agent_mut().stop().expect("agent was running");
+    std::fs::write(&record, &text[..text.len() / 2]).expect("tear the record");
+    assert!(
+        serde_json::from_slice::<rivet_api::Endpoint>(&std::fs::read(&record).expect("read"))
+            .is_err(),
+        "the record is really unreadable"
+    );
+    w.nodes[n].agent_mut().restart();
+
+    rivet_tests::traffic::assert_ping(&w.pods[a].ns, w.pods[b].ip, 3);
+    let rebuilt: rivet_api::Endpoint =
+        serde_json::from_slice(&std::fs::read(&record).expect("read")).expect("record parses");
+    assert_eq!(rebuilt.container_id, w.pods[b].endpoint.container_id);
+    assert_eq!(rebuilt.ip, w.pods[b].ip);
+    assert_eq!(rebuilt.port_mappings, w.pods[b].endpoint.port_mappings);
+    let after = state(&w, n);
+    for part in ["nodes", "hostports", "nat"] {
+        assert_eq!(before[part], after[part], "{part}");
+    }
+    assert_eq!(before["endpoints"].len(), after["endpoints"].len());
+    // The rebuilt attachment is a normal one: DEL removes it.
+    assert!(w.del_pod(b), "DEL found the rebuilt attachment");
+}

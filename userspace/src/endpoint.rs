@@ -177,6 +177,10 @@ pub struct Endpoints {
     /// background: their address stays taken until the veth (and its /32
     /// route) is gone.
     draining: BTreeMap<Ipv4Addr, Drain>,
+    /// Records that did not parse at start, by key (the host veth name):
+    /// rebuilt from the kernel maps and the live veth at the first
+    /// reconciliation.
+    unreadable: BTreeMap<String, PathBuf>,
 }
 
 /// A veth to delete after DEL has answered (the kernel's device
@@ -551,8 +555,12 @@ impl Endpoints {
     pub fn open(settings: EndpointSettings, state_dir: &Path) -> Result<Self, EndpointError> {
         let store = RecordDir::open(state_dir.join("endpoints"))?;
         let (records, bad) = store.load_all::<Endpoint>()?;
+        let mut unreadable = BTreeMap::new();
         for path in bad {
-            tracing::warn!(path = %path.display(), "ignoring unreadable endpoint record; live state will be reconciled");
+            tracing::warn!(path = %path.display(), "unreadable endpoint record: rebuilt from the datapath and the live veth if they hold it");
+            if let Some(key) = path.file_stem().and_then(|k| k.to_str()) {
+                unreadable.insert(key.to_owned(), path.clone());
+            }
         }
         let by_ref = records
             .into_iter()
@@ -570,6 +578,7 @@ impl Endpoints {
             generation: 0,
             foreign: HashSet::new(),
             draining: BTreeMap::new(),
+            unreadable,
         })
     }
 
@@ -1256,6 +1265,9 @@ impl Endpoints {
         let links: BTreeMap<String, LinkInfo> =
             links.into_iter().map(|l| (l.name.clone(), l)).collect();
         timeline.mark("links");
+        if !self.unreadable.is_empty() {
+            self.rebuild_unreadable(&links, dp)?;
+        }
 
         let records: Vec<Endpoint> = self.by_ref.values().cloned().collect();
         for ep in records {
@@ -1374,6 +1386,103 @@ impl Endpoints {
     }
 }
 
+impl Endpoints {
+    /// Rebuilds records that did not parse (a torn or corrupted file) from
+    /// what the kernel holds: the live host veth named by the file (index,
+    /// MTU), the endpoints map entry on that veth (address, both MACs) and
+    /// the hostPorts pointing at that address. The container ID, ifname
+    /// and netns are recovered from the damaged text and accepted only if
+    /// they name exactly this veth (`host_ifname(container, ifname)` is the
+    /// file's name). What cannot be rebuilt is left to the usual cleanup.
+    fn rebuild_unreadable(
+        &mut self,
+        links: &BTreeMap<String, LinkInfo>,
+        dp: &mut Datapath,
+    ) -> Result<(), EndpointError> {
+        let entries = dp.list_endpoints()?;
+        let hostports = dp.list_hostports()?;
+        for (key, path) in std::mem::take(&mut self.unreadable) {
+            let text =
+                String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+            let field = |name: &str| json_string_field(&text, name);
+            let (Some(container_id), Some(ifname)) = (field("container_id"), field("ifname"))
+            else {
+                tracing::warn!(record = %key, "unreadable record names no container: its pod is cleaned up");
+                continue;
+            };
+            if rivet_api::host_ifname(&container_id, &ifname) != key {
+                tracing::warn!(record = %key, %container_id, "unreadable record does not match its name: its pod is cleaned up");
+                continue;
+            }
+            let Some(link) = links.get(&key) else {
+                tracing::warn!(record = %key, "unreadable record of a veth that is gone");
+                continue;
+            };
+            let Some((ip, info)) = entries.iter().find(|(_, i)| i.ifindex == link.index) else {
+                tracing::warn!(record = %key, "unreadable record of a veth without a map entry");
+                continue;
+            };
+            let pod_ip = ipv4_key(ip.octets());
+            let port_mappings = hostports
+                .iter()
+                .filter(|(_, t)| t.pod_ip == pod_ip)
+                .map(|(k, t)| PortMapping {
+                    host_port: u16::from_be(k.port),
+                    container_port: u16::from_be(t.port),
+                    protocol: if k.proto == 17 {
+                        Protocol::Udp
+                    } else {
+                        Protocol::Tcp
+                    },
+                    host_ip: (k.addr != 0)
+                        .then(|| Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr))),
+                })
+                .collect();
+            let ep = Endpoint {
+                container_id,
+                ifname,
+                netns: field("netns").unwrap_or_default(),
+                ip: *ip,
+                mac: format_mac(&info.mac),
+                host_ifname: key.clone(),
+                host_ifindex: link.index,
+                host_mac: format_mac(&info.host_mac),
+                mtu: link.mtu,
+                gateway: self.settings.gateway,
+                state: EndpointState::Ready,
+                pod: None,
+                port_mappings,
+                bandwidth: None,
+                routes: Vec::new(),
+                created: now_secs(),
+            };
+            self.store.save(&key, &ep)?;
+            tracing::warn!(record = %key, container = %ep.container_id, ip = %ep.ip, "endpoint record rebuilt from the datapath");
+            self.by_ref
+                .insert((ep.container_id.clone(), ep.ifname.clone()), ep);
+            self.generation += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The value of the JSON string field `"name": "…"` in possibly damaged
+/// JSON text (the first occurrence; simple escapes only).
+fn json_string_field(text: &str, name: &str) -> Option<String> {
+    let at = text.find(&format!("\"{name}\""))? + name.len() + 2;
+    let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
+    let body = rest.strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = body.chars();
+    loop {
+        match chars.next()? {
+            '"' => return Some(out),
+            '\\' => out.push(chars.next()?),
+            c => out.push(c),
+        }
+    }
+}
+
 /// How reconciliation treats the programs on pod veths.
 #[derive(Debug, Clone, Copy)]
 pub enum Reattach<'a> {
@@ -1399,6 +1508,31 @@ pub fn is_rivet_veth(name: &str) -> bool {
 mod tests {
     use super::*;
     use rivet_api::Protocol;
+
+    #[test]
+    fn string_fields_are_recovered_from_damaged_json() {
+        let torn = r#"{
+  "container_id": "abc\"d",
+  "ifname": "eth0",
+  "netns": "/run/netns/x",
+  "ip": "10.0"#;
+        assert_eq!(
+            json_string_field(torn, "container_id").as_deref(),
+            Some("abc\"d")
+        );
+        assert_eq!(json_string_field(torn, "ifname").as_deref(), Some("eth0"));
+        assert_eq!(
+            json_string_field(torn, "netns").as_deref(),
+            Some("/run/netns/x")
+        );
+        assert_eq!(json_string_field(torn, "mac"), None);
+        assert_eq!(
+            json_string_field(r#"{"ifname": "et"#, "ifname"),
+            None,
+            "cut inside the value"
+        );
+        assert_eq!(json_string_field("garbage", "ifname"), None);
+    }
 
     #[test]
     fn host_ifnames_are_stable_and_fit() {
