@@ -9,9 +9,9 @@ use aya_ebpf::{
 use rivet_common::{
     COUNTERS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey, EventConfig,
     HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NAT_PODS_MAX,
-    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PEERS_MAX, PeerInfo,
-    ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey, SockRevTarget, StatsEntry,
-    nat_config_flags, nat_pod_slot,
+    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PEERS_MAX,
+    PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey, SockRevTarget,
+    StatsEntry, nat_config_flags, nat_pod_slot,
 };
 
 /// Pods on this node, by IPv4 address.
