@@ -8,7 +8,8 @@
 //! 5. Tunnel packets (VXLAN port, IPIP) to any node → drop (injection).
 //! 6. Destination in a remote pod subnet → [`crate::remote`] (encap or
 //!    native route toward the owning node).
-//! 7. Destination is the node → pass to the host stack.
+//! 7. Destination is the node → pass to the host stack; a fragment only
+//!    within the pod's fragment budget ([`crate::frag`]).
 //! 8. Destination outside the cluster (not in `NO_MASQ`, not a node) with
 //!    masquerade on → [`crate::nat::egress`]: source rewritten to the node,
 //!    sent out of the uplink.
@@ -18,7 +19,7 @@ use aya_ebpf::{EbpfContext as _, programs::TcContext};
 use rivet_common::{Counter, endpoint_flags};
 
 use crate::{
-    arp,
+    arp, frag,
     headers::{
         ETH_HLEN, ETH_P_ARP, ETH_P_IP, EthHdr, IPPROTO_ICMP, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN,
         Ipv4Hdr,
@@ -145,7 +146,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
                 nat::Reply::NotOurs => {}
             }
         }
-        return verdict::pass(ctx, Counter::PassHost);
+        // Fragments fill the node's reassembly memory, shared by every
+        // pod: each pod pays for its own (`drop_frag_budget` past it).
+        return frag::pass(ctx, hdr.src, hdr.frag, Counter::PassHost);
     }
     // Other nodes route pod addresses themselves: no masquerade toward them
     // (their own traffic to a pod gets its reply unchanged).
@@ -159,7 +162,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
         }
         return nat::egress(ctx, &cfg, &nat, &hdr);
     }
-    verdict::pass(ctx, Counter::PassOther)
+    // The stack may reassemble these too (conntrack defragments what it
+    // forwards): the same budget.
+    frag::pass(ctx, hdr.src, hdr.frag, Counter::PassOther)
 }
 
 /// IPIP, or UDP to the VXLAN port.

@@ -17,6 +17,7 @@
 //! | [`encap`] | adding and removing tunnel headers |
 //! | [`fib`] | next-hop lookup and transmit |
 //! | [`icmp`] | fragmentation-needed answers |
+//! | [`frag`] | the per-pod budget of fragments for the node's stack |
 //! | [`nat`] | masquerade on rivet's own connection tracking |
 //! | [`nat_icmp`] | ICMP errors about translated flows |
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
@@ -33,6 +34,7 @@ mod arp;
 mod encap;
 mod events;
 mod fib;
+mod frag;
 mod from_host;
 mod from_pod;
 mod from_uplink;

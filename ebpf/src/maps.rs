@@ -231,3 +231,21 @@ pub fn peer(addr: u32) -> Option<PeerInfo> {
     // SAFETY: as for `endpoint`: entries are replaced whole.
     unsafe { PEERS.get(EndpointKey { addr }) }.copied()
 }
+
+/// Numeric settings by `rivet_common::tunable` index (0: off/default).
+#[map]
+pub static TUNABLES: Array<u64> = Array::with_max_entries(rivet_common::TUNABLES_MAX, 0);
+
+/// The setting at `rivet_common::tunable` index `index` (0 if unset).
+#[inline(always)]
+pub fn tunable(index: u32) -> u64 {
+    TUNABLES.get(index).copied().unwrap_or(0)
+}
+
+/// Per-pod fragment budget, by the sending pod's address: the bucket's
+/// theoretical arrival time in `bpf_ktime_get_ns` nanoseconds (LRU: an
+/// idle pod's bucket is full anyway; the agent sizes it at load from
+/// `max_endpoints`).
+#[map]
+pub static FRAG_BUDGET: LruHashMap<EndpointKey, u64> =
+    LruHashMap::with_max_entries(ENDPOINTS_MAX, 0);

@@ -483,3 +483,115 @@ fn unconfigured_node_drops_arp_for_the_gateway() {
         );
     });
 }
+
+/// Sets the per-pod fragment budget (`TUNABLES`: rate in bytes/s, burst
+/// in bytes; rate 0 = no budget).
+fn set_frag_budget(h: &mut Harness, rate: u64, burst: u64) {
+    let mut t: Array<&mut MapData, u64> =
+        Array::try_from(h.ebpf.map_mut("TUNABLES").expect("map")).expect("array");
+    t.set(rivet_common::tunable::FRAG_RATE, rate, 0)
+        .expect("rate");
+    t.set(rivet_common::tunable::FRAG_BURST, burst, 0)
+        .expect("burst");
+}
+
+/// Fragments a pod sends to the node's stack pass until its budget (burst
+/// bytes, each fragment costing its length + `FRAG_COST_OVERHEAD`) is
+/// spent, then drop as `drop_frag_budget`, unchanged; the budget refills
+/// with time; whole datagrams are never charged; another pod has its own;
+/// fragments passed elsewhere pay from the same budget; without a rate
+/// there is no budget.
+#[test]
+fn fragments_to_the_node_pass_until_the_pod_budget_is_spent() {
+    with_harness(|h| {
+        let (a, b) = (h.a, h.b);
+        let frag = |p: PodSide, dst: Ipv4Addr, id: u16| {
+            rivet_tests::raw::ipv4_fragment(
+                (p.host_mac, p.mac),
+                (p.ip, dst),
+                (id, 0, true),
+                17,
+                &[0x5a; 512],
+            )
+        };
+        let pod = program_names::FROM_POD;
+        // No budget (rate 0, as before the agent writes one).
+        for id in 0..60 {
+            h.expect(
+                pod,
+                &frag(a, NODE_IP, id),
+                a.host_ifindex,
+                TC_ACT_OK,
+                Counter::PassHost,
+            );
+        }
+        // The smallest burst the agent accepts, the slowest refill.
+        let (rate, burst) = (1024, 68 * 1024);
+        set_frag_budget(h, rate, burst);
+        let cost = frag(a, NODE_IP, 0).len() as u64 + rivet_common::FRAG_COST_OVERHEAD;
+        let fit = burst / cost;
+        assert_eq!(fit, 44, "546-byte frames: 1570 bytes each");
+        for id in 0..fit as u16 {
+            h.expect(
+                pod,
+                &frag(a, NODE_IP, id),
+                a.host_ifindex,
+                TC_ACT_OK,
+                Counter::PassHost,
+            );
+        }
+        for id in 100..110 {
+            h.expect(
+                pod,
+                &frag(a, NODE_IP, id),
+                a.host_ifindex,
+                TC_ACT_SHOT,
+                Counter::DropFragBudget,
+            );
+        }
+        // A whole datagram is no fragment: not charged.
+        let whole = h.ip_frame(a, &Ipv4::new(a.ip, NODE_IP));
+        h.expect(pod, &whole, a.host_ifindex, TC_ACT_OK, Counter::PassHost);
+        // Fragments to anywhere else the stack gets pay too.
+        h.expect(
+            pod,
+            &frag(a, ELSEWHERE, 1),
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropFragBudget,
+        );
+        // Another pod: a budget of its own.
+        h.expect(
+            pod,
+            &frag(b, NODE_IP, 1),
+            b.host_ifindex,
+            TC_ACT_OK,
+            Counter::PassHost,
+        );
+        // 1.6 s refill 1,638 bytes: one more fragment, then none.
+        std::thread::sleep(std::time::Duration::from_millis(1600));
+        h.expect(
+            pod,
+            &frag(a, NODE_IP, 200),
+            a.host_ifindex,
+            TC_ACT_OK,
+            Counter::PassHost,
+        );
+        h.expect(
+            pod,
+            &frag(a, NODE_IP, 201),
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropFragBudget,
+        );
+        // Budget off again: everything passes.
+        set_frag_budget(h, 0, burst);
+        h.expect(
+            pod,
+            &frag(a, NODE_IP, 202),
+            a.host_ifindex,
+            TC_ACT_OK,
+            Counter::PassHost,
+        );
+    });
+}

@@ -1060,7 +1060,7 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     ));
 
     // 4. Fragments: never masqueraded (dropped with a reason), to the node
-    // they meet its reassembly queue, to a pod they are the pod's.
+    // only within the pod's fragment budget, to a pod they are the pod's.
     let reasm0 = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails");
     let (b, a, _, row) = flood(
         "fragment flood to the outside",
@@ -1069,20 +1069,78 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     );
     rows.push(row);
     assert_eq!(moved(&b, &a, "drop_nat_unsupported"), u64::from(FLOOD));
-    let (b, a, _, row) = flood("fragment flood to the node", frags(node_ip), &["pass_host"]);
-    rows.push(row);
-    assert!(moved(&b, &a, "pass_host") >= u64::from(FLOOD));
+    // To the node: past the hostile pod's budget (256 KiB, then 32 KiB/s;
+    // 1,570 bytes per 546-byte frame) the flood is dropped, so the node's
+    // reassembly memory (4 MiB, shared by every pod) keeps room for the
+    // others: a victim's fragmented ping to the node is answered while the
+    // flood runs (sent again and again until the ping is done) and after.
+    // Before the budget: +17,166 ReasmFails, and the victim's ping failed
+    // for the 30 s the queued fragments lived.
+    let node_frags = frags(node_ip);
+    let before = w.nodes[n].counters();
+    let reasm_node0 = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (sent, during) = std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let mut sent = 0;
+            while sent == 0 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                sent += s.sock.send_all(node_frags.iter().map(Vec::as_slice))?;
+            }
+            Ok::<u64, std::io::Error>(sent)
+        });
+        wait_counter(&w, n, &before, "drop_frag_budget", 1);
+        let during = fragmented_ping(&w.pods[v2].ns, node_ip);
+        victims_ok("during fragment flood to the node");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = sender.join().expect("flood thread").expect("flood sent");
+        (sent, during)
+    });
+    let after = wait_counter(&w, n, &before, "drop_frag_budget", sent - 1_000);
+    let after_ping = fragmented_ping(&w.pods[v2].ns, node_ip);
+    victims_ok("after fragment flood to the node");
+    let (dropped, passed) = (
+        moved(&before, &after, "drop_frag_budget"),
+        moved(&before, &after, "pass_host"),
+    );
+    let reasm_node = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails") - reasm_node0;
+    rows.push(format!(
+        "| fragment flood to the node | {sent} | drop_frag_budget +{dropped}, pass_host +{passed} (the victim's pings included) | node ReasmFails +{reasm_node}; victim's fragmented ping (3000 B) to the node: {during} of 3 answered during, {after_ping} of 3 after |"
+    ));
+    assert_eq!(
+        tables(&w.nodes[n].ns),
+        node_tables,
+        "fragments to the node: node tables"
+    );
+    assert!(
+        dropped + 1_000 >= sent && passed < 1_000,
+        "the budget let through {passed} of {sent} fragments (dropped {dropped})"
+    );
+    assert!(
+        reasm_node <= passed,
+        "ReasmFails +{reasm_node}: only fragments that passed can fail"
+    );
+    assert_eq!(
+        during, 3,
+        "victim's fragmented ping to the node during the flood"
+    );
+    assert_eq!(
+        after_ping, 3,
+        "victim's fragmented ping to the node after the flood"
+    );
     let (b, a, _, row) = flood("fragment flood to another pod", frags(ip1), &["fwd_local"]);
     rows.push(row);
     assert!(moved(&b, &a, "fwd_local") >= u64::from(FLOOD));
     let reasm = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails") - reasm0;
-    // What a full reassembly queue means for an honest pod: a fragmented
-    // ping to the node right after the flood (reported, not asserted:
-    // the queue is the node kernel's, shared by everyone).
+    // The node's reassembly memory after every fragment flood: an honest
+    // pod's fragmented datagrams to the node still reassemble.
     let big = fragmented_ping(&w.pods[v2].ns, node_ip);
     rows.push(format!(
         "| afterwards: victim's fragmented ping (3000 B) to the node | - | {big} of 3 answered | node ReasmFails +{reasm} |"
     ));
+    assert_eq!(
+        big, 3,
+        "fragmented ping to the node after the fragment floods"
+    );
     drop(servers);
     if report {
         eprintln!("node ReasmFails after the fragment floods: +{reasm}");
@@ -1220,4 +1278,91 @@ fn nat_flood_into_a_small_table_is_stopped_by_the_pod_quota() {
     drop(server);
     let mut port = 7950;
     assert_pods_connect(&w, &[v1, v2], &mut port);
+}
+
+/// Honest fragmented traffic to the node within the default budget
+/// (256 KiB at once, 32 KiB/s after): 30 pings of 3000 bytes (3 fragments
+/// each) in 1.5 s and 10 UDP datagrams of 8 KB in one second to a socket
+/// on the node all arrive; nothing is dropped as `drop_frag_budget`.
+#[test]
+fn fragmented_datagrams_to_the_node_within_the_budget_all_arrive() {
+    let mut w = World::new();
+    let n = w.add_node();
+    w.start_agent(n);
+    let p = w.add_pod(n);
+    let node_ip = w.nodes[n].ip;
+    let before = w.nodes[n].counters();
+    let text = w.pods[p].ns.output(
+        "ping",
+        &[
+            "-n",
+            "-c",
+            "30",
+            "-i",
+            "0.05",
+            "-W",
+            "2",
+            "-s",
+            "3000",
+            &node_ip.to_string(),
+        ],
+    );
+    let pings = rivet_tests::traffic::parse_ping(&String::from_utf8_lossy(&text.stdout));
+    assert_eq!(pings.received, 30, "fragmented pings to the node answered");
+
+    let server = w.nodes[n]
+        .ns
+        .exec(|| UdpSocket::bind((node_ip, 9_900)))
+        .expect("UDP socket on the node");
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    w.pods[p].ns.exec(|| {
+        let client = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("UDP socket in the pod");
+        for i in 0..10u8 {
+            client
+                .send_to(&[i; 8192], (node_ip, 9_900))
+                .expect("send 8 KB");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 9000];
+    while got.len() < 10 {
+        match server.recv_from(&mut buf) {
+            Ok((len, _)) => got.push((len, buf[0])),
+            Err(e) => panic!("{} of 10 datagrams of 8 KB arrived: {e}", got.len()),
+        }
+    }
+    assert!(got.iter().all(|&(len, _)| len == 8192), "{got:?}");
+    let after = w.nodes[n].counters();
+    assert_eq!(moved(&before, &after, "drop_frag_budget"), 0);
+    let fragments = moved(&before, &after, "pass_host");
+    assert!(fragments >= 30 * 3 + 10 * 6, "pass_host +{fragments}");
+
+    // The budget's maps are pinned with the others (a restart keeps them):
+    // the agent's settings, and the pod's bucket.
+    let maps = w.nodes[n].pin_dir().join("maps");
+    let pinned = |name: &str| {
+        aya::maps::MapData::from_pin(maps.join(name))
+            .unwrap_or_else(|e| panic!("{name} pinned: {e}"))
+    };
+    let tunables: aya::maps::Array<_, u64> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(pinned("TUNABLES"))).expect("array");
+    let setting = |i| tunables.get(&i, 0).expect("tunable");
+    assert_eq!(
+        (
+            setting(rivet_common::tunable::FRAG_RATE),
+            setting(rivet_common::tunable::FRAG_BURST)
+        ),
+        (32 * 1024, 256 * 1024),
+        "the default budget"
+    );
+    let buckets: aya::maps::HashMap<_, rivet_common::EndpointKey, u64> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(pinned("FRAG_BUDGET")))
+            .expect("LRU hash");
+    let key = rivet_common::EndpointKey {
+        addr: rivet_common::ipv4_key(w.pods[p].ip.octets()),
+    };
+    assert!(buckets.get(&key, 0).is_ok(), "the pod's fragment bucket");
 }

@@ -238,6 +238,7 @@ impl Agent {
 
         dp.write_nat_config(crate::nat::datapath_config(&cfg.nat))?;
         dp.write_nat_limits(crate::nat::datapath_limits(&cfg.nat))?;
+        dp.write_tunables(&cfg.frag_budget.tunables())?;
         dp.set_no_masquerade(&cfg.nat.no_masquerade)?;
 
         store::create_private_dir(&cfg.state_dir)?;

@@ -97,6 +97,74 @@ pub const fn default_nat_max_per_pod(max_entries: u32) -> u32 {
     if q == 0 { 1 } else { q }
 }
 
+/// Budget of IPv4 fragments each pod may send to the node's stack (the
+/// node's reassembly memory, `ipfrag_high_thresh` = 4 MiB, is shared by
+/// every pod; a fragment waits there up to `ipfrag_time` = 30 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FragBudget {
+    /// Refill rate, bytes per second (0: no budget). A fragment costs its
+    /// frame length plus [`rivet_common::FRAG_COST_OVERHEAD`].
+    pub rate: u64,
+    /// Bucket depth, bytes (what a pod may send at once).
+    pub burst: u64,
+}
+
+/// Default fragment budget refill: 32 KiB/s.
+pub const DEFAULT_FRAG_BUDGET_RATE: u64 = 32 * 1024;
+/// Default fragment budget depth: 256 KiB. With the rate, one pod holds at
+/// most 256 KiB + 30 s × 32 KiB/s = 1,216 KiB of the node's 4 MiB
+/// reassembly memory (29 %), however it floods.
+pub const DEFAULT_FRAG_BUDGET_BURST: u64 = 256 * 1024;
+/// Smallest burst: a fragment costing more than the burst never passes,
+/// and the largest (a 65,535-byte datagram in one frame) costs 66,573.
+pub const MIN_FRAG_BUDGET_BURST: u64 = 68 * 1024;
+const _: () = assert!(65_535 + 14 + rivet_common::FRAG_COST_OVERHEAD <= MIN_FRAG_BUDGET_BURST);
+
+impl Default for FragBudget {
+    fn default() -> Self {
+        Self {
+            rate: DEFAULT_FRAG_BUDGET_RATE,
+            burst: DEFAULT_FRAG_BUDGET_BURST,
+        }
+    }
+}
+
+impl FragBudget {
+    /// The `TUNABLES` entries the datapath reads.
+    pub fn tunables(&self) -> [(u32, u64); 2] {
+        [
+            (rivet_common::tunable::FRAG_RATE, self.rate),
+            (rivet_common::tunable::FRAG_BURST, self.burst),
+        ]
+    }
+}
+
+fn frag_budget(file: &FileConfig) -> Result<FragBudget, ConfigError> {
+    let rate = match file.frag_budget_rate.unwrap_or(DEFAULT_FRAG_BUDGET_RATE) {
+        r @ (0 | 1024..=1_073_741_824) => r,
+        r => {
+            return Err(invalid(
+                "frag_budget_rate",
+                r,
+                "must be 0 (no budget) or 1024..=1073741824 bytes per second",
+            ));
+        }
+    };
+    let burst = match file.frag_budget_burst.unwrap_or(DEFAULT_FRAG_BUDGET_BURST) {
+        b @ MIN_FRAG_BUDGET_BURST..=1_073_741_824 => b,
+        b => {
+            return Err(invalid(
+                "frag_budget_burst",
+                b,
+                format!(
+                    "must be {MIN_FRAG_BUDGET_BURST}..=1073741824 bytes (the largest fragment must fit)"
+                ),
+            ));
+        }
+    };
+    Ok(FragBudget { rate, burst })
+}
+
 /// How traffic to pods on other nodes travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -254,6 +322,11 @@ pub struct FileConfig {
     pub nat_max_entries: Option<u32>,
     /// Masqueraded flows one pod may hold at a time (0: no limit).
     pub nat_max_per_pod: Option<u32>,
+    /// Fragments to the node's stack: each pod's budget refill, bytes per
+    /// second (0: no budget).
+    pub frag_budget_rate: Option<u64>,
+    /// Fragments to the node's stack: each pod's burst, bytes.
+    pub frag_budget_burst: Option<u64>,
     /// Capacity of the endpoints map (pods on this node).
     pub max_endpoints: Option<u32>,
     /// Capacity of the routes and peers maps (remote nodes).
@@ -324,6 +397,8 @@ impl FileConfig {
             nat_gc_interval: other.nat_gc_interval.or(self.nat_gc_interval),
             nat_max_entries: other.nat_max_entries.or(self.nat_max_entries),
             nat_max_per_pod: other.nat_max_per_pod.or(self.nat_max_per_pod),
+            frag_budget_rate: other.frag_budget_rate.or(self.frag_budget_rate),
+            frag_budget_burst: other.frag_budget_burst.or(self.frag_budget_burst),
             max_endpoints: other.max_endpoints.or(self.max_endpoints),
             max_routes: other.max_routes.or(self.max_routes),
             max_hostports: other.max_hostports.or(self.max_hostports),
@@ -373,6 +448,8 @@ pub struct AgentConfig {
     pub nat: NatSettings,
     /// Map capacities.
     pub limits: MapLimits,
+    /// Per-pod budget of fragments to the node's stack.
+    pub frag_budget: FragBudget,
     /// Group owning the API socket (mode 0660), if any.
     pub socket_group: Option<String>,
     /// Test hook: make endpoint ADD fail at this step (from the environment
@@ -620,6 +697,7 @@ impl AgentConfig {
             ));
         }
         let nat = nat_settings(&nat_keys, cluster_cidr)?;
+        let frag_budget = frag_budget(&nat_keys)?;
         let etcd = match file.etcd_endpoints {
             Some(eps) if !eps.is_empty() => {
                 for ep in &eps {
@@ -736,6 +814,7 @@ impl AgentConfig {
             etcd,
             nat,
             limits,
+            frag_budget,
             socket_group,
             fail_add_at,
         })
@@ -773,6 +852,27 @@ mod tests {
         assert_eq!(c.nat.max_per_pod, 512, "a quarter of the table's flows");
         let c = resolve("node_name = \"n1\"\nnat_max_per_pod = 0").expect("valid");
         assert_eq!(c.nat.max_per_pod, 0, "no limit");
+        assert_eq!(c.frag_budget, FragBudget::default());
+        let c = resolve("node_name = \"n1\"\nfrag_budget_rate = 0").expect("valid");
+        assert_eq!(c.frag_budget.rate, 0, "no budget");
+    }
+
+    #[test]
+    fn frag_budget_bounds() {
+        // One pod's worst case over ipfrag_time (30 s), as documented: under
+        // a third of the 4 MiB reassembly memory.
+        let b = FragBudget::default();
+        assert_eq!(b.burst + 30 * b.rate, 1216 * 1024);
+        assert!(3 * (b.burst + 30 * b.rate) < 4 << 20);
+        for (toml, key) in [
+            ("frag_budget_rate = 100", "frag_budget_rate"),
+            ("frag_budget_rate = 2000000000", "frag_budget_rate"),
+            ("frag_budget_burst = 4096", "frag_budget_burst"),
+            ("frag_budget_burst = 0", "frag_budget_burst"),
+        ] {
+            let err = resolve(toml).expect_err(toml).to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -182,7 +182,7 @@ fn insert_err<'a>(
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 15] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 17] = [
     (
         map_names::SOCK_CONFIG,
         MapType::Array,
@@ -230,6 +230,18 @@ const MAP_LAYOUTS: [(&str, MapType, usize, usize); 15] = [
         MapType::Array,
         size_of::<u32>(),
         size_of::<NatLimits>(),
+    ),
+    (
+        map_names::TUNABLES,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<u64>(),
+    ),
+    (
+        map_names::FRAG_BUDGET,
+        MapType::LruHash,
+        size_of::<EndpointKey>(),
+        size_of::<u64>(),
     ),
     (
         map_names::NO_MASQ,
@@ -432,6 +444,9 @@ impl Datapath {
                 );
             }
         }
+        // One fragment bucket per pod that sends fragments (LRU, not
+        // listed in SIZED_MAPS: the agent never inserts into it).
+        loader.map_max_entries(map_names::FRAG_BUDGET, limits.endpoints);
         for name in map_names::ALL {
             loader.map_pin_path(name, layout.map(name));
         }
@@ -816,6 +831,21 @@ impl Datapath {
         let mut array: Array<&mut MapData, NatLimits> =
             Array::try_from(map).map_err(map_err(name))?;
         array.set(0, limits, 0).map_err(map_err(name))
+    }
+
+    /// Writes numeric settings into `TUNABLES`: (`rivet_common::tunable`
+    /// index, value).
+    pub fn write_tunables(&mut self, values: &[(u32, u64)]) -> Result<(), DatapathError> {
+        let name = map_names::TUNABLES;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let mut array: Array<&mut MapData, u64> = Array::try_from(map).map_err(map_err(name))?;
+        for &(index, value) in values {
+            array.set(index, value, 0).map_err(map_err(name))?;
+        }
+        Ok(())
     }
 
     /// Replaces the set of destinations that are never masqueraded.

@@ -50,9 +50,16 @@ pub mod map_names {
     pub const NAT_PODS: &str = "NAT_PODS";
     /// NAT limits, one [`crate::NatLimits`] at index 0.
     pub const NAT_LIMITS: &str = "NAT_LIMITS";
+    /// Numeric settings, `u64` by [`crate::tunable`] index: a map whose
+    /// layout never changes when a knob is added.
+    pub const TUNABLES: &str = "TUNABLES";
+    /// Per-pod budget of IPv4 fragments addressed to the node (LRU):
+    /// [`crate::EndpointKey`] (the sending pod) → `u64`, the bucket's
+    /// theoretical arrival time (see [`crate::tunable::FRAG_RATE`]).
+    pub const FRAG_BUDGET: &str = "FRAG_BUDGET";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 19] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -70,6 +77,8 @@ pub mod map_names {
         EVENT_CONFIG,
         NAT_PODS,
         NAT_LIMITS,
+        TUNABLES,
+        FRAG_BUDGET,
     ];
 }
 
@@ -173,6 +182,31 @@ pub const NAT_PODS_MAX: u32 = 2 * ENDPOINTS_MAX;
 /// this long (ns) gives its NAT port to another pod's new flow toward the
 /// same destination when every probed port is taken.
 pub const NAT_UNANSWERED_REUSE_NS: u64 = 5_000_000_000;
+
+/// Slots of the `TUNABLES` map (fixed, so adding a knob never changes
+/// the map's layout or size).
+pub const TUNABLES_MAX: u32 = 64;
+
+/// Indexes of the `TUNABLES` map: numeric settings the agent writes and
+/// the datapath reads. An index keeps its meaning once released; 0 in a
+/// slot means "off" or "the default" as each knob says.
+pub mod tunable {
+    /// Fragments a pod sends to the node: budget refill rate, bytes per
+    /// second (0: no budget). Each fragment costs its length plus
+    /// [`crate::FRAG_COST_OVERHEAD`]; a fragment the pod's bucket cannot
+    /// pay for is dropped (`drop_frag_budget`), so one pod holds at most
+    /// `FRAG_BURST + FRAG_RATE × ipfrag_time` of the node's reassembly
+    /// memory.
+    pub const FRAG_RATE: u32 = 0;
+    /// Fragments a pod sends to the node: bucket depth, bytes.
+    pub const FRAG_BURST: u32 = 1;
+}
+
+/// What a fragment costs in the per-pod budget beyond its length (bytes):
+/// the kernel accounts a queued fragment by its buffer's true size
+/// (`sk_buff`, shared info, slab rounding) plus its share of the
+/// reassembly queue, about 1 KiB more than the frame even for a tiny one.
+pub const FRAG_COST_OVERHEAD: u64 = 1024;
 
 /// Bytes VXLAN encapsulation adds: outer IPv4 + UDP + VXLAN + inner Ethernet.
 pub const VXLAN_OVERHEAD: u32 = 50;
@@ -618,6 +652,10 @@ pub enum Counter {
     /// Masquerade needed but the pod already holds its quota of NAT flows
     /// (`nat_max_per_pod`).
     DropNatQuota = 52,
+    /// An IPv4 fragment to the node beyond the sending pod's fragment
+    /// budget (`frag_budget_rate`, `frag_budget_burst`): it would hold the
+    /// node's shared reassembly memory.
+    DropFragBudget = 53,
 }
 
 impl Counter {
@@ -625,7 +663,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 42] = [
+    pub const ALL: [Counter; 43] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -668,6 +706,7 @@ impl Counter {
         Counter::DropNatInsertFailed,
         Counter::DropNatRewrite,
         Counter::DropNatQuota,
+        Counter::DropFragBudget,
     ];
 
     /// Index in the stats map.
@@ -725,6 +764,7 @@ impl Counter {
             Counter::DropNatInsertFailed => "drop_nat_insert_failed",
             Counter::DropNatRewrite => "drop_nat_rewrite",
             Counter::DropNatQuota => "drop_nat_quota",
+            Counter::DropFragBudget => "drop_frag_budget",
         }
     }
 

@@ -107,6 +107,14 @@ struct Cli {
     /// (default nat_max_entries / 8).
     #[arg(long)]
     nat_max_per_pod: Option<u32>,
+    /// Fragments to the node's stack: each pod's budget refill, bytes per
+    /// second, 0 = no budget (default 32768).
+    #[arg(long)]
+    frag_budget_rate: Option<u64>,
+    /// Fragments to the node's stack: each pod's burst, bytes (default
+    /// 262144).
+    #[arg(long)]
+    frag_budget_burst: Option<u64>,
     /// Capacity of the endpoints map, pods (default 16384).
     #[arg(long)]
     max_endpoints: Option<u32>,
@@ -173,6 +181,8 @@ impl Cli {
             nat_gc_interval: self.nat_gc_interval,
             nat_max_entries: self.nat_max_entries,
             nat_max_per_pod: self.nat_max_per_pod,
+            frag_budget_rate: self.frag_budget_rate,
+            frag_budget_burst: self.frag_budget_burst,
             max_endpoints: self.max_endpoints,
             max_routes: self.max_routes,
             max_hostports: self.max_hostports,
