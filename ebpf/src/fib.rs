@@ -5,7 +5,9 @@
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
-        bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        bpf_fib_lookup as FibParams, bpf_fib_lookup__bindgen_ty_1, bpf_fib_lookup__bindgen_ty_2,
+        bpf_fib_lookup__bindgen_ty_3, bpf_fib_lookup__bindgen_ty_4, bpf_fib_lookup__bindgen_ty_5,
+        bpf_redir_neigh,
     },
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
@@ -25,12 +27,31 @@ pub struct NextHop {
 /// constrained to `oif` (the uplink). `None`: no usable route.
 #[inline(always)]
 pub fn lookup(ctx: &TcContext, src: u32, dst: u32, oif: u32) -> Option<NextHop> {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) parameter block.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
-    params.ifindex = oif;
-    params.__bindgen_anon_3.ipv4_src = src;
-    params.__bindgen_anon_4.ipv4_dst = dst;
+    // Every byte written through the widest member of each union. With
+    // `mem::zeroed` and field stores after it, the zeroing was a call of
+    // the byte-at-a-time BPF `memset` over all 64 bytes on every lookup;
+    // this way only the zero runs between the set fields still are (35
+    // bytes; volatile word stores would avoid even those, but overflow
+    // from_pod's 512-byte stack where the lookup is inlined four times).
+    let mut params = FibParams {
+        family: AF_INET,
+        l4_protocol: 0,
+        sport: 0,
+        dport: 0,
+        __bindgen_anon_1: bpf_fib_lookup__bindgen_ty_1 { tot_len: 0 },
+        ifindex: oif,
+        __bindgen_anon_2: bpf_fib_lookup__bindgen_ty_2 { rt_metric: 0 },
+        // ipv4_src/ipv4_dst are the first word of these.
+        __bindgen_anon_3: bpf_fib_lookup__bindgen_ty_3 {
+            ipv6_src: [src, 0, 0, 0],
+        },
+        __bindgen_anon_4: bpf_fib_lookup__bindgen_ty_4 {
+            ipv6_dst: [dst, 0, 0, 0],
+        },
+        __bindgen_anon_5: bpf_fib_lookup__bindgen_ty_5 { tbid: 0 },
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
     // SAFETY: params is a valid, fully initialised parameter block on the
     // stack and its size is passed along.
     let rc = unsafe {

@@ -25,7 +25,7 @@ use crate::{
         Ipv4Hdr,
     },
     ipv4, maps, nat, nat_icmp,
-    packet::{addr, ensure_linear, ptr_at},
+    packet::{addr, copy_mac, ensure_linear, ptr_at},
     remote::{self, Sender},
     verdict,
 };
@@ -111,14 +111,15 @@ pub fn handle(ctx: &TcContext) -> i32 {
             return verdict::pass(ctx, Counter::PassTtl);
         }
         ipv4::decrease_ttl(ip);
-        eth.dst = peer.mac;
-        eth.src = peer.host_mac;
+        copy_mac(&mut eth.dst, &peer.mac);
+        copy_mac(&mut eth.src, &peer.host_mac);
         return verdict::redirect_peer(ctx, peer.ifindex, Counter::FwdLocal);
     }
     // Tunnel traffic from a pod to any node is never legitimate: it would be
     // decapsulated as if a node had sent it (tunnel injection).
-    if (maps::is_local_addr(dst) || dst == cfg.node_ip || maps::peer(dst).is_some())
-        && is_tunnel(ctx, ip, cfg.vxlan_port as u16)
+    // The header check first: the lookups run only for tunnel packets.
+    if is_tunnel(ctx, ip, cfg.vxlan_port as u16)
+        && (maps::is_local_addr(dst) || dst == cfg.node_ip || maps::peer(dst).is_some())
     {
         return verdict::drop(ctx, Counter::DropTunnelFromPod);
     }

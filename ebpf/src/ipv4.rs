@@ -6,6 +6,8 @@ use crate::headers::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, Ipv4Hdr}
 
 /// The fragment offset bits of `frag_off` (host order).
 pub const IP_OFFSET: u16 = 0x1fff;
+/// The more-fragments bit of `frag_off` (host order).
+pub const IP_MF: u16 = 0x2000;
 
 /// Why an IPv4 header is not acceptable.
 pub enum HeaderError {

@@ -30,6 +30,18 @@ pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
+/// Copies a MAC address (from a map value) into the frame byte by byte,
+/// unrolled. A plain `[u8; 6]` assignment between the two becomes a call
+/// of the byte-loop `memmove` (the compiler cannot rule out overlap).
+#[inline(always)]
+pub fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
+    for i in 0..6 {
+        // SAFETY: both indices are within their 6-byte arrays; volatile
+        // only keeps LLVM from turning the copy back into a memmove call.
+        unsafe { core::ptr::write_volatile(&mut dst[i], core::ptr::read_volatile(&src[i])) };
+    }
+}
+
 /// Reads an IPv4 address stored as four bytes into a wire-order `u32` key.
 #[inline(always)]
 pub fn addr(bytes: &[u8; 4]) -> u32 {
