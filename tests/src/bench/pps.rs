@@ -114,12 +114,21 @@ pub fn load_empty() -> Result<SchedClassifier, EmptyProgError> {
         u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]),
         u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
     ];
+    load_insns("bench_empty", &insns)
+}
+
+/// Loads a TC classifier made of `insns` (raw eBPF instructions) under
+/// `name` (at most 15 bytes) the same way as [`load_empty`]: the
+/// per-helper probes of the program-cost benchmark.
+pub fn load_insns(name: &str, insns: &[u64]) -> Result<SchedClassifier, EmptyProgError> {
     let license = c"GPL";
-    let mut name = [0u8; 16];
-    name[..11].copy_from_slice(b"bench_empty");
+    let mut pname = [0u8; 16];
+    let n = name.len().min(15);
+    pname[..n].copy_from_slice(&name.as_bytes()[..n]);
     let mut attr = ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_SCHED_CLS,
-        insn_cnt: 2,
+        insn_cnt: u32::try_from(insns.len())
+            .map_err(|_| EmptyProgError::Load(std::io::Error::other("too many instructions")))?,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
         log_level: 0,
@@ -127,7 +136,7 @@ pub fn load_empty() -> Result<SchedClassifier, EmptyProgError> {
         log_buf: 0,
         kern_version: 0,
         prog_flags: 0,
-        prog_name: name,
+        prog_name: pname,
         rest: [0; 64],
     };
     let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(EmptyProgError::Load)?;

@@ -19,10 +19,18 @@
 //!
 //!    Test skbs get `NET_SKB_PAD` (64 bytes) of headroom from the kernel,
 //!    more than VXLAN's 50, so encap grows into headroom as on a real
-//!    packet (`skb_cow_head` has no reason to reallocate; read from the
-//!    kernel source, not observed). The same paths are timed
-//!    again with the maps at working sizes (16,000 endpoints, 64,000 NAT
-//!    entries) to show lookups do not grow.
+//!    packet: a `perf` (cpu-clock) profile of encap single runs shows
+//!    `bpf_skb_generic_push` and no `pskb_expand_head`. The same paths are
+//!    timed again with the maps at working sizes (16,000 endpoints, 64,000
+//!    NAT entries) to show lookups do not grow.
+//!
+//!    The kernel helpers those paths are made of are timed alone too, each
+//!    in a raw program of a few instructions that calls it as rivet does,
+//!    with `repeat` (10^6) net of the empty program: `bpf_fib_lookup`,
+//!    `bpf_skb_adjust_room` +50/−50 (idempotent, so repeatable),
+//!    `bpf_get_hash_recalc` after `bpf_set_hash_invalid` (the flow
+//!    dissector) and one ENDPOINTS hash lookup. They bound from below what
+//!    a path that needs them can cost.
 //! 2. Live: kernel BPF statistics (`BPF_ENABLE_STATS`, held by a file
 //!    descriptor: closing it — also on a panic or if the process dies —
 //!    turns them off again) while iperf3 runs pod → pod through rivet, on
@@ -651,6 +659,29 @@ pub fn run(opts: &Options) -> Report {
                     r.better.insert(metric.clone(), "lower".into());
                     r.add(&metric, variant, net);
                 }
+                // The helpers alone.
+                let ep_fd = match h.ebpf.map("ENDPOINTS") {
+                    Some(aya::maps::Map::HashMap(m)) => {
+                        std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(m.fd()))
+                    }
+                    _ => panic!("ENDPOINTS is not a hash map"),
+                };
+                let probes = [
+                    probe_hash(),
+                    probe_fib(h.uplink.0),
+                    probe_adjust_room(),
+                    probe_endpoint_lookup(ep_fd, ipv4_key(h.a.ip.octets())),
+                ];
+                for (i, net) in time_probes(h, &probes, &empty) {
+                    r.better.insert(probes[i].metric.into(), "lower".into());
+                    r.add(probes[i].metric, variant, net);
+                    if round == 0 && variant == "small maps" {
+                        r.notes.push(format!(
+                            "{}: {}; kernel repeat 10^6 − the empty program's repeat",
+                            probes[i].metric, probes[i].what
+                        ));
+                    }
+                }
                 // The floors themselves (raw, ns per run).
                 let f = &paths[0].frame;
                 let ctx = skb_ctx(paths[0].ifindex);
@@ -685,7 +716,7 @@ pub fn run(opts: &Options) -> Report {
             ));
         }
         r.notes.push("every sample checks the path: the verdict, the path's counter moved exactly once per run, and for repeated runs the output packet; drop_spoofed_with_event: one ring-buffer event per run, drained between chunks of 20,000".into());
-        r.notes.push("test skbs have the kernel's NET_SKB_PAD (64 bytes) of headroom (net/bpf/test_run.c): VXLAN (50) and IPIP (20) fit, so bpf_skb_adjust_room's skb_cow_head has no reason to reallocate — from the kernel source, not observed (this kernel has no kprobe events)".into());
+        r.notes.push("test skbs have the kernel's NET_SKB_PAD (64 bytes) of headroom (net/bpf/test_run.c): VXLAN (50) and IPIP (20) fit; a perf (cpu-clock) profile of encap single runs shows bpf_skb_generic_push and no pskb_expand_head (no reallocation)".into());
         r.notes
             .push("full maps: 16,000 more endpoints, 64,000 NAT entries".into());
     });
@@ -813,4 +844,183 @@ fn live(opts: &Options, r: &mut Report) {
     r.notes.push("live same-node: rivetd, two pods on one node (from_pod sees the data one way and the ACKs the other way, both bpf_redirect_peer); live vxlan: two rivetd nodes (static cluster, vxlan) — sender from_pod encapsulates the data, receiver from_uplink decapsulates it, and the ACKs go the other way".into());
     drop(cross);
     drop(same);
+}
+
+// ---------------------------------------------------------------------------
+// Helpers alone: what the encap and redirect paths spend in the kernel.
+
+/// One raw eBPF instruction.
+const fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+    let o = off.to_le_bytes();
+    let i = imm.to_le_bytes();
+    u64::from_le_bytes([op, dst | (src << 4), o[0], o[1], i[0], i[1], i[2], i[3]])
+}
+const MOV64_IMM: u8 = 0xb7;
+const MOV64_REG: u8 = 0xbf;
+const ADD64_IMM: u8 = 0x07;
+const ST_DW: u8 = 0x7a;
+const ST_W: u8 = 0x62;
+const ST_B: u8 = 0x72;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const JEQ_IMM: u8 = 0x15;
+const LD_IMM64: u8 = 0x18;
+/// `BPF_PSEUDO_MAP_FD` in the source register of a 64-bit immediate load.
+const PSEUDO_MAP_FD: u8 = 1;
+const R0: u8 = 0;
+const R1: u8 = 1;
+const R2: u8 = 2;
+const R3: u8 = 3;
+const R4: u8 = 4;
+const R6: u8 = 6;
+const R10: u8 = 10;
+const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+const BPF_FUNC_GET_HASH_RECALC: i32 = 34;
+const BPF_FUNC_SET_HASH_INVALID: i32 = 41;
+const BPF_FUNC_SKB_ADJUST_ROOM: i32 = 50;
+const BPF_FUNC_FIB_LOOKUP: i32 = 69;
+
+/// `r = imm` for a 64-bit immediate (two instruction slots).
+fn ld_imm64(dst: u8, src: u8, imm: u64) -> [u64; 2] {
+    [
+        insn(LD_IMM64, dst, src, 0, imm as u32 as i32),
+        insn(0, 0, 0, 0, (imm >> 32) as u32 as i32),
+    ]
+}
+
+/// A helper probe: a raw program that calls one helper the way rivet does
+/// (same arguments, same flags) and returns 0 when it succeeded.
+struct Probe {
+    metric: &'static str,
+    what: &'static str,
+    insns: Vec<u64>,
+}
+
+/// `bpf_set_hash_invalid` then `bpf_get_hash_recalc`: the flow dissector
+/// on every run (the hash is cleared first, as a test skb's is).
+fn probe_hash() -> Probe {
+    Probe {
+        metric: "helper_get_hash_recalc_ns",
+        what: "bpf_set_hash_invalid + bpf_get_hash_recalc (the flow dissector; what encap called before it used skb->hash or its own hash)",
+        insns: vec![
+            insn(MOV64_REG, R6, R1, 0, 0),
+            insn(CALL, 0, 0, 0, BPF_FUNC_SET_HASH_INVALID),
+            insn(MOV64_REG, R1, R6, 0, 0),
+            insn(CALL, 0, 0, 0, BPF_FUNC_GET_HASH_RECALC),
+            insn(MOV64_IMM, R0, 0, 0, 0),
+            insn(EXIT, 0, 0, 0, 0),
+        ],
+    }
+}
+
+/// `bpf_fib_lookup` as `fib::lookup` makes it (node → peer, output
+/// lookup on the uplink); returns the lookup's code (0: success).
+fn probe_fib(uplink: u32) -> Probe {
+    let src = ipv4_key(NODE_IP.octets()) as i32;
+    let dst = ipv4_key(PEER_IP.octets()) as i32;
+    let mut insns = vec![insn(MOV64_REG, R6, R1, 0, 0)];
+    for w in 0..8 {
+        insns.push(insn(ST_DW, R10, 0, -64 + 8 * w, 0));
+    }
+    insns.extend([
+        insn(ST_B, R10, 0, -64, 2),
+        insn(ST_W, R10, 0, -64 + 8, uplink as i32),
+        insn(ST_W, R10, 0, -64 + 16, src),
+        insn(ST_W, R10, 0, -64 + 32, dst),
+        insn(MOV64_REG, R1, R6, 0, 0),
+        insn(MOV64_REG, R2, R10, 0, 0),
+        insn(ADD64_IMM, R2, 0, 0, -64),
+        insn(MOV64_IMM, R3, 0, 0, 64),
+        // BPF_FIB_LOOKUP_OUTPUT
+        insn(MOV64_IMM, R4, 0, 0, 2),
+        insn(CALL, 0, 0, 0, BPF_FUNC_FIB_LOOKUP),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    Probe {
+        metric: "helper_fib_lookup_ns",
+        what: "bpf_fib_lookup (BPF_FIB_LOOKUP_OUTPUT, node → peer on the uplink, neighbour resolved)",
+        insns,
+    }
+}
+
+/// `bpf_skb_adjust_room` +50 then −50 with the decap flags: the packet
+/// ends as it began, so `repeat` applies.
+fn probe_adjust_room() -> Probe {
+    // FIXED_GSO only: with the ENCAP_* flags the skb stays marked
+    // encapsulated after the shrink and the next run's grow fails
+    // (-EALREADY). On a packet without GSO those flags only record the
+    // inner header offsets.
+    let encap: u64 = 1;
+    // FIXED_GSO | DECAP_L3_IPV4
+    let decap: u64 = 1 | 128;
+    let mut insns = vec![
+        insn(MOV64_REG, R6, R1, 0, 0),
+        insn(MOV64_IMM, R2, 0, 0, 50),
+        // BPF_ADJ_ROOM_MAC
+        insn(MOV64_IMM, R3, 0, 0, 1),
+    ];
+    insns.extend(ld_imm64(R4, 0, encap));
+    insns.extend([
+        insn(CALL, 0, 0, 0, BPF_FUNC_SKB_ADJUST_ROOM),
+        insn(JEQ_IMM, R0, 0, 1, 0),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(MOV64_REG, R1, R6, 0, 0),
+        insn(MOV64_IMM, R2, 0, 0, -50),
+        insn(MOV64_IMM, R3, 0, 0, 1),
+    ]);
+    insns.extend(ld_imm64(R4, 0, decap));
+    insns.extend([
+        insn(CALL, 0, 0, 0, BPF_FUNC_SKB_ADJUST_ROOM),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    Probe {
+        metric: "helper_adjust_room_pair_ns",
+        what: "bpf_skb_adjust_room +50 (FIXED_GSO) then −50 (FIXED_GSO | DECAP_L3_IPV4): the grow and shrink of one VXLAN encap/decap, in headroom (without the ENCAP_* flags, which on a packet without GSO only record inner header offsets: with them the skb stays marked encapsulated and the next run's grow fails)",
+        insns,
+    }
+}
+
+/// One `bpf_map_lookup_elem` in ENDPOINTS that finds pod A.
+fn probe_endpoint_lookup(map_fd: i32, key: u32) -> Probe {
+    let mut insns = vec![insn(ST_W, R10, 0, -8, key as i32)];
+    insns.extend(ld_imm64(R1, PSEUDO_MAP_FD, map_fd as u32 as u64));
+    insns.extend([
+        insn(MOV64_REG, R2, R10, 0, 0),
+        insn(ADD64_IMM, R2, 0, 0, -8),
+        insn(CALL, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
+        // found: 0, not found: 2
+        insn(JEQ_IMM, R0, 0, 2, 0),
+        insn(MOV64_IMM, R0, 0, 0, 0),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(MOV64_IMM, R0, 0, 0, 2),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    Probe {
+        metric: "helper_endpoint_lookup_ns",
+        what: "one bpf_map_lookup_elem hit in ENDPOINTS (hash); the local redirect does two, encap two and PEERS one",
+        insns,
+    }
+}
+
+/// Times the probes with `repeat` on the encap path's packet, net of the
+/// empty program's `repeat` on the same packet; checks every probe
+/// returned 0 and left the packet as it was.
+fn time_probes(h: &Harness, probes: &[Probe], empty: &SchedClassifier) -> Vec<(usize, f64)> {
+    let a = h.a;
+    let frame = h.ip_frame(a, &Ipv4::new(a.ip, REMOTE_POD));
+    let ctx = skb_ctx(a.host_ifindex);
+    let mut out = vec![0u8; frame.len() + 512];
+    let floor = test_run(empty, &frame, &ctx, &mut out, REPEAT_RUNS).1;
+    probes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let prog = super::pps::load_insns("bench_probe", &p.insns)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.metric));
+            let (v, ns, len) = test_run(&prog, &frame, &ctx, &mut out, REPEAT_RUNS);
+            assert_eq!(v, 0, "{}: the helper failed ({v})", p.metric);
+            assert_eq!(&out[..len], &frame[..], "{}: packet changed", p.metric);
+            (i, ns - floor)
+        })
+        .collect()
 }
