@@ -21,6 +21,8 @@ fn main() -> anyhow::Result<()> {
         .to_str()
         .context("eBPF crate path is not valid UTF-8")?;
 
+    // The object's build stamp (ebpf/src/stamp.rs) comes from here.
+    println!("cargo:rerun-if-env-changed=RIVET_EBPF_STAMP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
         fs::write(out_dir.join("rivet"), []).context("writing the empty eBPF object stub")?;

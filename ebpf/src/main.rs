@@ -47,6 +47,7 @@ mod nat_icmp;
 mod packet;
 mod remote;
 mod sock;
+mod stamp;
 mod tcp_ts;
 mod verdict;
 
