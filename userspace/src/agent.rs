@@ -143,7 +143,7 @@ pub fn prepare(cfg: &AgentConfig) -> Result<(PinLock, Datapath), AgentError> {
     let layout = PinLayout::new(&cfg.pin_dir);
     layout.create()?;
     let lock = layout.lock()?;
-    let dp = Datapath::load_with(&layout, &cfg.limits)?;
+    let dp = Datapath::load_from(&layout, &cfg.limits, &cfg.ebpf_object)?;
     Ok((lock, dp))
 }
 
@@ -611,6 +611,12 @@ impl Agent {
                     last_error: self.last_error(),
                     maps,
                     warnings,
+                    ebpf: rivet_api::EbpfObject {
+                        source: dp.object().source.clone(),
+                        stamp: dp.object().stamp.clone(),
+                        hash: dp.object().hash.clone(),
+                        bytes: dp.object().size as u64,
+                    },
                 }))
             }
         }

@@ -336,6 +336,10 @@ pub struct FileConfig {
     /// Group allowed to use the API socket (mode 0660); default none (0600,
     /// root only).
     pub socket_group: Option<String>,
+    /// Load the programs from this eBPF object file instead of the one
+    /// built into rivetd: a rebuilt datapath (a hotfix) rolled out without
+    /// a new rivetd. It must define the maps exactly as rivetd does.
+    pub ebpf_object: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -403,6 +407,7 @@ impl FileConfig {
             max_routes: other.max_routes.or(self.max_routes),
             max_hostports: other.max_hostports.or(self.max_hostports),
             socket_group: other.socket_group.or(self.socket_group),
+            ebpf_object: other.ebpf_object.or(self.ebpf_object),
         }
     }
 }
@@ -452,6 +457,9 @@ pub struct AgentConfig {
     pub frag_budget: FragBudget,
     /// Group owning the API socket (mode 0660), if any.
     pub socket_group: Option<String>,
+    /// Where the programs come from (`ebpf_object`; default the embedded
+    /// object).
+    pub ebpf_object: crate::datapath::ObjectSource,
     /// Test hook: make endpoint ADD fail at this step (from the environment
     /// variable `RIVET_FAIL_ADD_AT`; never set in production).
     pub fail_add_at: Option<String>,
@@ -816,6 +824,11 @@ impl AgentConfig {
             limits,
             frag_budget,
             socket_group,
+            ebpf_object: file
+                .ebpf_object
+                .map_or(crate::datapath::ObjectSource::Embedded, |p| {
+                    crate::datapath::ObjectSource::File(p)
+                }),
             fail_add_at,
         })
     }
@@ -832,6 +845,20 @@ mod tests {
                 message,
             })?,
         )
+    }
+
+    #[test]
+    fn the_ebpf_object_defaults_to_the_embedded_one() {
+        use crate::datapath::ObjectSource;
+        assert_eq!(
+            resolve("").expect("empty").ebpf_object,
+            ObjectSource::Embedded
+        );
+        let cfg = resolve("ebpf_object = \"/usr/lib/rivet/hotfix.o\"").expect("a path");
+        assert_eq!(
+            cfg.ebpf_object,
+            ObjectSource::File("/usr/lib/rivet/hotfix.o".into())
+        );
     }
 
     #[test]

@@ -37,6 +37,66 @@ use crate::{
 /// The eBPF object built by `build.rs` from `ebpf/`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rivet"));
 
+/// What precedes the build stamp in an object (`ebpf/src/stamp.rs`).
+const STAMP_MAGIC: &[u8] = b"rivet-ebpf-stamp:";
+
+/// The build stamp of an eBPF object (`RIVET_EBPF_STAMP` when it was
+/// built, else the crate version), if it carries one.
+pub fn object_stamp(object: &[u8]) -> Option<String> {
+    let at = object
+        .windows(STAMP_MAGIC.len())
+        .position(|w| w == STAMP_MAGIC)?;
+    let rest = object.get(at + STAMP_MAGIC.len()..)?;
+    let value = &rest[..rest.iter().position(|&b| b == 0)?.min(64)];
+    Some(String::from_utf8_lossy(value).into_owned())
+}
+
+/// A short hash of an object's bytes (FNV-1a, 64 bit, hex): tells two
+/// builds apart even when their stamps are the same.
+pub fn object_hash(object: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in object {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Where the programs come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ObjectSource {
+    /// The object built into this binary ([`OBJECT`]).
+    #[default]
+    Embedded,
+    /// A file (`rivetd --ebpf-object`): a rebuilt datapath without a new
+    /// rivetd. It must define the maps exactly as this build does.
+    File(PathBuf),
+}
+
+/// The object a datapath was loaded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// `embedded` or the file's path.
+    pub source: String,
+    /// Its build stamp, if it carries one.
+    pub stamp: Option<String>,
+    /// [`object_hash`] of its bytes.
+    pub hash: String,
+    /// Its size in bytes.
+    pub size: usize,
+}
+
+impl ObjectInfo {
+    fn of(source: String, bytes: &[u8]) -> Self {
+        Self {
+            source,
+            stamp: object_stamp(bytes),
+            hash: object_hash(bytes),
+            size: bytes.len(),
+        }
+    }
+}
+
 /// Datapath errors; each names the map, program, interface or pin involved.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
@@ -61,6 +121,30 @@ pub enum DatapathError {
         name: String,
         /// Cause.
         source: Box<ProgramError>,
+    },
+    /// The object file could not be read.
+    #[error("reading the eBPF object {path}: {source}")]
+    ObjectFile {
+        /// Its path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The object defines a map differently from this build of rivetd.
+    #[error(
+        "the eBPF object {object} defines map {map} as {found}; this rivet expects {expected}. \
+         Refusing to load it: an object must come from the same map layouts as rivetd \
+         (a changed layout needs a new rivetd and `rivetd unload`)"
+    )]
+    ObjectMapLayout {
+        /// The object's source.
+        object: String,
+        /// Map name.
+        map: &'static str,
+        /// What the object defines.
+        found: String,
+        /// What this build expects.
+        expected: String,
     },
     /// A pinned map does not have the layout this build expects.
     #[error(
@@ -354,6 +438,7 @@ pub struct LinkState {
 pub struct Datapath {
     ebpf: Ebpf,
     layout: PinLayout,
+    object: ObjectInfo,
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -403,6 +488,46 @@ fn check_pinned_maps(layout: &PinLayout) -> Result<(), DatapathError> {
     Ok(())
 }
 
+/// Refuses an object whose maps differ from this build's (type, key and
+/// value sizes): its programs would read the pinned maps with another
+/// layout.
+fn check_object_maps(object: &[u8], source: &str) -> Result<(), DatapathError> {
+    let obj = aya_obj::Object::parse(object)
+        .map_err(|e| DatapathError::Load(Box::new(aya::EbpfError::from(e))))?;
+    for (name, map_type, key, value) in MAP_LAYOUTS {
+        let Some(def) = obj.maps.get(name) else {
+            return Err(DatapathError::ObjectMapLayout {
+                object: source.to_owned(),
+                map: name,
+                found: "missing".to_owned(),
+                expected: format!("{map_type:?}, key {key} B, value {value} B"),
+            });
+        };
+        let found = (
+            def.map_type(),
+            def.key_size() as usize,
+            def.value_size() as usize,
+        );
+        if found != (map_type as u32, key, value) {
+            return Err(DatapathError::ObjectMapLayout {
+                object: source.to_owned(),
+                map: name,
+                found: format!(
+                    "{}, key {} B, value {} B",
+                    MAP_LAYOUTS
+                        .iter()
+                        .find(|l| l.1 as u32 == found.0)
+                        .map_or_else(|| format!("map type {}", found.0), |l| format!("{:?}", l.1)),
+                    found.1,
+                    found.2
+                ),
+                expected: format!("{map_type:?}, key {key} B, value {value} B"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Datapath {
     /// Loads the object with every map pinned under `layout` (reusing pins
     /// that exist), loads and pins every program.
@@ -414,8 +539,39 @@ impl Datapath {
     /// another size is kept as it is (its entries, flows and pods survive)
     /// until `rivetd unload`; a warning says so.
     pub fn load_with(layout: &PinLayout, limits: &MapLimits) -> Result<Self, DatapathError> {
-        if OBJECT.is_empty() {
-            return Err(DatapathError::EmptyObject);
+        Self::load_from(layout, limits, &ObjectSource::Embedded)
+    }
+
+    /// Like [`Self::load_with`] with the programs from `source`: the
+    /// embedded object or a rebuilt one from a file. Either must define
+    /// every map as this build does, and the pins must match too.
+    pub fn load_from(
+        layout: &PinLayout,
+        limits: &MapLimits,
+        source: &ObjectSource,
+    ) -> Result<Self, DatapathError> {
+        let (bytes, object) = match source {
+            ObjectSource::Embedded => {
+                if OBJECT.is_empty() {
+                    return Err(DatapathError::EmptyObject);
+                }
+                (
+                    std::borrow::Cow::Borrowed(OBJECT),
+                    ObjectInfo::of("embedded".to_owned(), OBJECT),
+                )
+            }
+            ObjectSource::File(path) => {
+                let bytes = std::fs::read(path).map_err(|source| DatapathError::ObjectFile {
+                    path: path.clone(),
+                    source,
+                })?;
+                let info = ObjectInfo::of(path.display().to_string(), &bytes);
+                (std::borrow::Cow::Owned(bytes), info)
+            }
+        };
+        // The embedded object was built with this rivetd: same layouts.
+        if matches!(source, ObjectSource::File(_)) {
+            check_object_maps(&bytes, &object.source)?;
         }
         layout.create()?;
         check_pinned_maps(layout)?;
@@ -451,7 +607,7 @@ impl Datapath {
             loader.map_pin_path(name, layout.map(name));
         }
         let mut ebpf = loader
-            .load(OBJECT)
+            .load(&bytes)
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
         for name in PROGRAMS {
@@ -469,10 +625,23 @@ impl Datapath {
             })?;
         }
         crate::sockhooks::load(&mut ebpf, layout)?;
+        tracing::info!(
+            object = %object.source,
+            stamp = object.stamp.as_deref().unwrap_or("none"),
+            hash = %object.hash,
+            bytes = object.size,
+            "datapath object loaded"
+        );
         Ok(Self {
             ebpf,
             layout: layout.clone(),
+            object,
         })
+    }
+
+    /// The object the programs were loaded from.
+    pub fn object(&self) -> &ObjectInfo {
+        &self.object
     }
 
     /// Attaches the socket hooks (hostPorts for the node's own sockets) to
@@ -1187,4 +1356,28 @@ pub fn unload(layout: &PinLayout) -> Result<(), DatapathError> {
 fn random_u32() -> u32 {
     use std::hash::{BuildHasher as _, RandomState};
     RandomState::new().hash_one(std::process::id()) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stamp_is_found_and_the_hash_tells_objects_apart() {
+        let mut obj = b"\x7fELF....rivet-ebpf-stamp:hotfix-1\0\0\0....".to_vec();
+        assert_eq!(object_stamp(&obj).as_deref(), Some("hotfix-1"));
+        let h = object_hash(&obj);
+        assert_eq!(h.len(), 16);
+        obj[2] ^= 1;
+        assert_ne!(object_hash(&obj), h);
+        assert_eq!(object_stamp(b"no stamp here"), None);
+        // Without its NUL the value is not trusted.
+        assert_eq!(object_stamp(b"rivet-ebpf-stamp:abc"), None);
+        if !OBJECT.is_empty() {
+            assert!(
+                object_stamp(OBJECT).is_some(),
+                "the embedded object is stamped"
+            );
+        }
+    }
 }

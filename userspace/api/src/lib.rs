@@ -498,6 +498,25 @@ pub struct AgentStatus {
     /// refusing entries), one sentence each.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The eBPF object the running programs were loaded from (empty from
+    /// agents older than this field).
+    #[serde(default)]
+    pub ebpf: EbpfObject,
+}
+
+/// Which build of the datapath an agent loaded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbpfObject {
+    /// `embedded` (built into rivetd) or the path given with
+    /// `--ebpf-object`.
+    pub source: String,
+    /// Its build stamp (`RIVET_EBPF_STAMP` at build time, else the
+    /// version), if it carries one.
+    pub stamp: Option<String>,
+    /// A short hash of its bytes (FNV-1a 64, hex).
+    pub hash: String,
+    /// Its size in bytes.
+    pub bytes: u64,
 }
 
 /// One datapath map's usage.

@@ -659,6 +659,15 @@ fn print_table(response: &Response, show_all: bool) {
                 println!("last error: {e}");
             }
             println!("pins {}  endpoints {}", s.pin_dir, s.endpoints);
+            if !s.ebpf.source.is_empty() {
+                println!(
+                    "eBPF object {}  stamp {}  hash {}  ({} bytes)",
+                    s.ebpf.source,
+                    s.ebpf.stamp.as_deref().unwrap_or("-"),
+                    s.ebpf.hash,
+                    s.ebpf.bytes
+                );
+            }
             println!("maps:");
             for m in &s.maps {
                 println!(

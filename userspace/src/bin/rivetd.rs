@@ -127,6 +127,12 @@ struct Cli {
     /// Group allowed to use the API socket (mode 0660; default root only).
     #[arg(long)]
     socket_group: Option<String>,
+    /// Load the programs from this eBPF object file instead of the embedded
+    /// one: rolls out a rebuilt datapath (a hotfix) without a new rivetd.
+    /// The running programs are swapped atomically; the object must define
+    /// the maps exactly as this rivetd does, else rivetd refuses to start.
+    #[arg(long)]
+    ebpf_object: Option<PathBuf>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
@@ -187,6 +193,7 @@ impl Cli {
             max_routes: self.max_routes,
             max_hostports: self.max_hostports,
             socket_group: self.socket_group.clone(),
+            ebpf_object: self.ebpf_object.clone(),
         }))
     }
 }
