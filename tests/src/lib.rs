@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod bench;
 pub mod cni;
+pub mod continuity;
 pub mod flannel;
 pub mod metrics;
 pub mod netns;

@@ -1,0 +1,342 @@
+//! Helpers for the "nothing is lost" tests (`tests/restart.rs`,
+//! `tests/upgrade.rs`): paced TCP streams that measure every byte and every
+//! pause, a poller that reads the kernel's attachments every 10 ms, the
+//! node's state as comparable text, and building a second, byte-different
+//! eBPF object from the same source.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read as _, Write as _},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use rivet_api::{Request, Response};
+
+use crate::{
+    Netns, World,
+    traffic::{connect, listen},
+};
+
+/// A paced TCP stream: 4 KiB every 10 ms until told to stop.
+pub struct Stream {
+    name: &'static str,
+    writer: JoinHandle<Result<u64, String>>,
+    server: JoinHandle<Result<(u64, Duration), String>>,
+}
+
+/// What a stream carried.
+pub struct StreamResult {
+    /// Its name.
+    pub name: &'static str,
+    /// Bytes written by the client.
+    pub sent: u64,
+    /// Bytes read by the server.
+    pub received: u64,
+    /// The longest time between two reads at the server.
+    pub longest_pause: Duration,
+}
+
+/// Starts a paced stream from `client` to `dst` (a listener on `port` in
+/// `server`), writing until `stop`.
+pub fn stream(
+    name: &'static str,
+    client: &Netns,
+    server: &Netns,
+    port: u16,
+    dst: SocketAddr,
+    stop: &Arc<AtomicBool>,
+) -> Stream {
+    let listener = listen(server, port);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        let mut buf = vec![0u8; 65536];
+        let (mut total, mut longest) = (0u64, Duration::ZERO);
+        let mut last: Option<Instant> = None;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok((total, longest)),
+                Ok(k) => {
+                    total += k as u64;
+                    if let Some(t) = last {
+                        longest = longest.max(t.elapsed());
+                    }
+                    last = Some(Instant::now());
+                }
+                Err(e) => return Err(format!("server side after {total} bytes: {e}")),
+            }
+        }
+    });
+    let mut conn = connect(client, dst, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{name}: connecting to {dst}: {e}"));
+    let stop = Arc::clone(stop);
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![0x5a; 4096];
+        let mut sent = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            conn.write_all(&chunk)
+                .map_err(|e| format!("client side after {sent} bytes: {e}"))?;
+            sent += chunk.len() as u64;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| format!("shutdown: {e}"))?;
+        Ok(sent)
+    });
+    Stream {
+        name,
+        writer,
+        server,
+    }
+}
+
+impl Stream {
+    /// Waits for both ends (after `stop` was set); panics on a reset.
+    pub fn finish(self) -> StreamResult {
+        let sent = self
+            .writer
+            .join()
+            .expect("writer thread")
+            .unwrap_or_else(|e| panic!("{}: reset: {e}", self.name));
+        let (received, longest_pause) = self
+            .server
+            .join()
+            .expect("server thread")
+            .unwrap_or_else(|e| panic!("{}: reset: {e}", self.name));
+        StreamResult {
+            name: self.name,
+            sent,
+            received,
+            longest_pause,
+        }
+    }
+}
+
+/// (interface, ifindex, ingress?) checked by the poller.
+pub type Hook = (String, u32, bool);
+
+/// Runs `f` with a netlink connection inside the namespace at `ns`.
+fn with_netlink<T: Send>(
+    ns: &Path,
+    f: impl AsyncFnOnce(&rivet::netlink::Netlink) -> T + Send,
+) -> T {
+    rivet::netns::run_in(ns, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let nl = rivet::netlink::Netlink::connect().expect("netlink");
+            f(&nl).await
+        })
+    })
+    .expect("netns")
+}
+
+/// The IDs of the programs on `hook` (TCX links and tc filters).
+async fn hook_ids(nl: &rivet::netlink::Netlink, (name, index, ingress): &Hook) -> Vec<u32> {
+    let dir = if *ingress {
+        TcAttachType::Ingress
+    } else {
+        TcAttachType::Egress
+    };
+    let mut ids: Vec<u32> = SchedClassifier::query_tcx(name.as_str(), dir)
+        .map(|(_, p)| p.iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    ids.extend(
+        nl.tc_bpf_prog_ids(*index, *ingress)
+            .await
+            .unwrap_or_default(),
+    );
+    ids
+}
+
+/// Polls `hooks` in the namespace at `ns` every 10 ms until `stop`;
+/// returns every (hook, time) found without a program.
+pub fn poller(
+    ns: PathBuf,
+    hooks: Vec<Hook>,
+    stop: Arc<AtomicBool>,
+    polls: Arc<AtomicU64>,
+) -> JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        with_netlink(&ns, async move |nl| {
+            let started = Instant::now();
+            let mut missing = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                for hook in &hooks {
+                    if hook_ids(nl, hook).await.is_empty() {
+                        missing.push(format!(
+                            "{} at {:.3}s",
+                            hook.0,
+                            started.elapsed().as_secs_f64()
+                        ));
+                    }
+                }
+                polls.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            missing
+        })
+    })
+}
+
+/// The program IDs on each of `hooks` now, by interface.
+pub fn attached_ids(ns: &Path, hooks: &[Hook]) -> BTreeMap<String, Vec<u32>> {
+    let hooks = hooks.to_vec();
+    with_netlink(ns, async move |nl| {
+        let mut out = BTreeMap::new();
+        for hook in &hooks {
+            out.insert(hook.0.clone(), hook_ids(nl, hook).await);
+        }
+        out
+    })
+}
+
+/// The interface index of `name` in `ns`.
+pub fn ifindex(ns: &Netns, name: &str) -> u32 {
+    let out = ns.ip(&["-o", "link", "show", "dev", name]);
+    out.split(':')
+        .next()
+        .and_then(|i| i.trim().parse().ok())
+        .unwrap_or_else(|| panic!("ifindex of {name}: {out}"))
+}
+
+/// What the agent and the kernel hold for node `n`, as comparable text:
+/// endpoints, remote nodes (routes + peers), hostPorts, NAT entries
+/// (without their idle times) and the lease records on disk.
+pub fn state(w: &World, n: usize) -> BTreeMap<&'static str, BTreeSet<String>> {
+    let client = w.nodes[n].agent().client();
+    let call = |r: Request| client.call(&r).unwrap_or_else(|e| panic!("{r:?}: {e}"));
+    let mut out = BTreeMap::new();
+    if let Response::Endpoints { endpoints } = call(Request::EndpointList {}) {
+        out.insert(
+            "endpoints",
+            endpoints.iter().map(|e| format!("{e:?}")).collect(),
+        );
+    }
+    if let Response::Nodes { nodes } = call(Request::NodeList {}) {
+        out.insert("nodes", nodes.iter().map(|e| format!("{e:?}")).collect());
+    }
+    if let Response::Portmaps { mappings } = call(Request::PortmapList {}) {
+        out.insert(
+            "hostports",
+            mappings.iter().map(|e| format!("{e:?}")).collect(),
+        );
+    }
+    if let Response::Nat { entries, .. } = call(Request::NatList {
+        ip: None,
+        port: None,
+        limit: Some(100_000),
+    }) {
+        out.insert(
+            "nat",
+            entries
+                .iter()
+                .map(|e| format!("{} {} {} {} {}", e.proto, e.dir, e.src, e.dst, e.translated))
+                .collect(),
+        );
+    }
+    let dir = &w.nodes[n].agent().args().state_dir;
+    out.insert("records", records(dir));
+    assert_eq!(out.len(), 5, "every part of the state was read: {out:?}");
+    out
+}
+
+/// Every file under `dir` with its content.
+pub fn records(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(records(&p));
+        } else {
+            let text = std::fs::read(&p).unwrap_or_default();
+            out.insert(format!(
+                "{}: {}",
+                p.display(),
+                String::from_utf8_lossy(&text)
+            ));
+        }
+    }
+    out
+}
+
+/// The workspace root (tests/..).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Builds the datapath from the same source as the embedded object but
+/// with build stamp `stamp` (so its bytes differ), exactly as
+/// `userspace/build.rs` does (aya-build's flags, nightly, build-std), into
+/// `target/upgrade-obj`; returns the object's path.
+///
+/// `$RIVET_UPGRADE_OBJECT` names a ready object instead (built by CI).
+pub fn build_object(stamp: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os("RIVET_UPGRADE_OBJECT") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "RIVET_UPGRADE_OBJECT={} is not a file",
+            p.display()
+        );
+        return p;
+    }
+    let root = workspace_root();
+    let target_dir = root.join("target").join("upgrade-obj");
+    // aya-build's flags (aya-build 0.2: bpf_target_arch, debuginfo, BTF).
+    let arch = std::env::consts::ARCH;
+    let rustflags =
+        format!("--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf");
+    let out = Command::new("rustup")
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "rivet-ebpf",
+        ])
+        .args(["--bins", "--release", "--target", "bpfel-unknown-none"])
+        .args(["-Z", "build-std=core", "--features", ""])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(&root)
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        .env("RIVET_EBPF_STAMP", stamp)
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .output()
+        .unwrap_or_else(|e| panic!("running cargo for the eBPF object: {e}"));
+    assert!(
+        out.status.success(),
+        "building the eBPF object with RIVET_EBPF_STAMP={stamp}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target_dir
+        .join("bpfel-unknown-none")
+        .join("release")
+        .join("rivet");
+    // A copy per stamp: a later build into the same directory does not
+    // change an object a running test loads.
+    let copy = target_dir.join(format!("rivet-{stamp}.o"));
+    std::fs::copy(&built, &copy)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", built.display(), copy.display()));
+    copy
+}
