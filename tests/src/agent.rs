@@ -8,6 +8,9 @@ use std::{
 
 use rivet_api::{Client, Request, Response};
 
+/// How long an agent may take to answer its first status request.
+const READY_TIMEOUT_SECS: u64 = 30;
+
 /// How to start an agent for a node.
 #[derive(Debug, Clone)]
 pub struct AgentArgs {
@@ -100,7 +103,9 @@ impl AgentProc {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Loading and verifying the programs takes ~1 s on a quiet machine;
+        // on a loaded one (parallel tests, builds) several times that.
+        let deadline = Instant::now() + Duration::from_secs(READY_TIMEOUT_SECS);
         loop {
             if let Ok(Response::Status(_)) = self.client().call(&Request::Status {}) {
                 return;
@@ -115,7 +120,7 @@ impl AgentProc {
             }
             assert!(
                 Instant::now() < deadline,
-                "rivetd not ready after 10 s; log:\n{}",
+                "rivetd not ready after {READY_TIMEOUT_SECS} s; log:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
