@@ -31,6 +31,17 @@ pub struct Options {
     pub secs: u32,
     /// Pods per CNI measurement.
     pub pods: usize,
+    /// A smoke run (`--quick`): benchmarks shorten their probes, warm-ups
+    /// and sweeps to keep the whole suite within minutes; the variants and
+    /// metrics stay the same.
+    pub quick: bool,
+}
+
+impl Options {
+    /// `full` in a full run, `quick` in a smoke run.
+    pub fn pick<T>(&self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
 }
 
 /// One-line progress on stderr (overwritten in place).
@@ -106,6 +117,9 @@ pub struct Report {
     pub better: BTreeMap<String, String>,
     /// Free-form notes (setup facts).
     pub notes: Vec<String>,
+    /// Wall time of the whole benchmark in seconds, its worlds' setup and
+    /// teardown included (set by the runner).
+    pub elapsed_s: Option<f64>,
 }
 
 impl Report {
@@ -125,10 +139,13 @@ impl Report {
         let mut s = format!("## {}\n\n", self.name);
         for (metric, by_variant) in &self.metrics {
             let base = by_variant.get(&self.baseline).map(Series::median);
-            let better = self.better.get(metric).map_or("", String::as_str);
+            let better = match self.better_of(metric) {
+                Some(b) => format!(" ({b} is better)"),
+                None => " (informative)".to_owned(),
+            };
             let _ = writeln!(
                 s,
-                "| {metric} ({better} is better) | median | min | max | n | × {b} (medians) | × {b} (paired) |\n|---|---:|---:|---:|---:|---:|---:|",
+                "| {metric}{better} | median | min | max | n | × {b} (medians) | × {b} (paired) |\n|---|---:|---:|---:|---:|---:|---:|",
                 b = self.baseline
             );
             for v in &self.variants {
@@ -152,7 +169,62 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(s, "- {n}");
         }
+        if let Some(t) = self.elapsed_s {
+            let _ = writeln!(s, "- run time: {t:.0} s (setup and teardown included)");
+        }
         s
+    }
+
+    /// Which way `metric` is better: as the benchmark recorded it, else
+    /// from its unit — rates and throughput higher, times lower; `None`
+    /// for counts that describe rather than rank (e.g. skbs per second
+    /// under iperf3, flow events seen).
+    pub fn better_of(&self, metric: &str) -> Option<&str> {
+        if let Some(b) = self.better.get(metric) {
+            return Some(b);
+        }
+        better_from_unit(metric)
+    }
+
+    /// The `better` map with every metric's direction filled in (for the
+    /// JSON).
+    fn with_better_filled(&self) -> Self {
+        let mut r = self.clone();
+        for m in self.metrics.keys() {
+            if let Some(b) = self.better_of(m) {
+                r.better.insert(m.clone(), b.to_owned());
+            }
+        }
+        r
+    }
+}
+
+/// A metric's better direction from its name's unit (see
+/// [`Report::better_of`]).
+fn better_from_unit(metric: &str) -> Option<&'static str> {
+    // Descriptive rates: how many skbs a program saw, events delivered.
+    if metric.ends_with("_runs_per_s") || metric.starts_with("flow_events") {
+        return None;
+    }
+    let unit = metric.split(" (").next().unwrap_or(metric);
+    let unit = unit.rsplit_once("_n").map_or(unit, |(head, n)| {
+        if n.chars().all(|c| c.is_ascii_digit()) {
+            head
+        } else {
+            unit
+        }
+    });
+    // `x_gbps` or a bare `gbps`.
+    let is = |u: &str| unit.ends_with(&format!("_{u}")) || unit == u;
+    if ["gbps", "mpps", "per_s", "share"].into_iter().any(is) {
+        Some("higher")
+    } else if ["ns", "us", "ms", "ns_per_run", "s_per_gb", "retransmits"]
+        .into_iter()
+        .any(is)
+    {
+        Some("lower")
+    } else {
+        None
     }
 }
 
@@ -238,15 +310,47 @@ pub fn out_dir() -> PathBuf {
     root.join("target/bench").join(timestamp())
 }
 
+/// Wall-clock `HH:MM:SS` (UTC) for log lines.
+pub fn clock() -> String {
+    let t = timestamp();
+    let hms = t.get(9..15).unwrap_or("000000");
+    format!("{}:{}:{}", &hms[0..2], &hms[2..4], &hms[4..6])
+}
+
+/// Markdown table of each benchmark's run time and the sum.
+pub fn run_time_table(reports: &[Report]) -> String {
+    let mut s = String::from("| benchmark | run time (s) |\n|---|---:|\n");
+    let mut total = 0.0;
+    for r in reports {
+        let t = r.elapsed_s.unwrap_or(f64::NAN);
+        if t.is_finite() {
+            total += t;
+        }
+        let _ = writeln!(s, "| {} | {t:.0} |", r.name);
+    }
+    let _ = writeln!(s, "| total (benchmarks only, no build) | {total:.0} |\n");
+    s
+}
+
 /// Writes `report.json` and `report.md` into `dir`.
 pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let json = serde_json::json!({ "machine": machine, "reports": reports });
+    let filled: Vec<Report> = reports.iter().map(Report::with_better_filled).collect();
+    let run_times: BTreeMap<&str, Option<f64>> = reports
+        .iter()
+        .map(|r| (r.name.as_str(), r.elapsed_s))
+        .collect();
+    let json = serde_json::json!({
+        "machine": machine,
+        "run_time_s": run_times,
+        "reports": filled,
+    });
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&json)?)?;
     let mut md = format!(
         "# rivet benchmarks\n\nkernel {}, {} × {}, rivet {}, {}\n\n",
         machine.kernel, machine.cpus, machine.cpu, machine.rivet, machine.iperf3
     );
+    md.push_str(&run_time_table(reports));
     for r in reports {
         md.push_str(&r.markdown());
         md.push('\n');
@@ -293,5 +397,35 @@ mod tests {
             md.contains("| b | 3.000 | 3.000 | 3.000 | 1 | 1.500 |"),
             "{md}"
         );
+        assert!(md.contains("| gbps (higher is better) |"), "{md}");
+    }
+
+    #[test]
+    fn better_from_units() {
+        let r = Report::default();
+        assert_eq!(r.better_of("live_vxlan_gbps"), Some("higher"));
+        assert_eq!(
+            r.better_of("live_samenode_from_pod_ns_per_run"),
+            Some("lower")
+        );
+        assert_eq!(r.better_of("live_samenode_from_pod_runs_per_s"), None);
+        assert_eq!(r.better_of("conns_per_s_n10000"), Some("higher"));
+        assert_eq!(r.better_of("connect_p99_us_n100"), Some("lower"));
+        assert_eq!(r.better_of("throughput_gbps (nic)"), Some("higher"));
+        assert_eq!(r.better_of("rtt_p50_ms (veth)"), Some("lower"));
+        assert_eq!(r.better_of("cpu_s_per_gb"), Some("lower"));
+        assert_eq!(r.better_of("flow_events"), None);
+        let mut r = Report::default();
+        r.better.insert("x_gbps".into(), "lower".into());
+        assert_eq!(r.better_of("x_gbps"), Some("lower"), "recorded wins");
+        r.add("live_x_runs_per_s", "live", 1.0);
+        assert!(r.markdown().contains("| live_x_runs_per_s (informative) |"));
+    }
+
+    #[test]
+    fn clock_shape() {
+        let c = clock();
+        assert_eq!(c.len(), 8, "{c}");
+        assert_eq!(&c[2..3], ":");
     }
 }

@@ -75,18 +75,20 @@ fn main() {
         std::process::exit(bench::guard::main(&path, reason));
     }
     let opts = if args.quick {
-        // A smoke run of every benchmark in under 3 minutes (measuring
-        // time; the release build before it is extra).
+        // A smoke run of every benchmark: `cargo xtask bench --quick`
+        // within 3 minutes, an incremental build included.
         Options {
             rounds: 2,
             secs: 1,
-            pods: 30,
+            pods: 20,
+            quick: true,
         }
     } else {
         Options {
             rounds: args.pairs,
             secs: args.secs,
             pods: args.pods,
+            quick: false,
         }
     };
     let which = if args.which.is_empty() {
@@ -104,24 +106,47 @@ fn main() {
     };
     let machine = Machine::read();
     let mut reports = Vec::new();
-    for w in which {
-        reports.push(match w {
+    let suite = std::time::Instant::now();
+    let count = which.len();
+    for (i, w) in which.into_iter().enumerate() {
+        let name = w
+            .to_possible_value()
+            .map_or_else(|| format!("{w:?}"), |v| v.get_name().to_owned());
+        eprintln!(
+            "[{}] {name} ({}/{count}) starting, suite at {:.0} s",
+            bench::clock(),
+            i + 1,
+            suite.elapsed().as_secs_f64()
+        );
+        let started = std::time::Instant::now();
+        let mut report = match w {
             Which::SameNode => bench::same_node::run(&opts),
             Which::Cni => bench::cni::run(&opts),
             Which::Overlay => bench::overlay::run(&opts),
             Which::ProgCost => bench::progcost::run(&opts),
             Which::Pps => bench::pps::run(&opts),
-            Which::Control => bench::control::run(&opts, &[2, 5, 10]),
+            // A smoke run stops at 5 nodes: every node of the largest
+            // cluster is an agent to start and sync.
+            Which::Control => {
+                bench::control::run(&opts, if args.quick { &[2, 5] } else { &[2, 5, 10] })
+            }
             Which::Nat => bench::nat::run(
                 &opts,
-                if args.quick {
-                    &[1, 1000]
-                } else {
-                    &[1, 100, 1000, 10_000]
-                },
+                // Every size in a smoke run too, with short samples.
+                &[1, 100, 1000, 10_000],
             ),
-        });
+        };
+        let took = started.elapsed().as_secs_f64();
+        report.elapsed_s = Some(took);
+        eprintln!(
+            "[{}] {name} ({}/{count}) took {took:.0} s, suite at {:.0} s",
+            bench::clock(),
+            i + 1,
+            suite.elapsed().as_secs_f64()
+        );
+        reports.push(report);
     }
+    eprint!("{}", bench::run_time_table(&reports));
     for r in &reports {
         println!("{}", r.markdown());
     }
