@@ -205,9 +205,19 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         baseline: "iptables".into(),
         ..Default::default()
     };
+    // Connection samples: 0.4 × --secs (2 s by default; thousands of
+    // connections each, so the spread is the machine's drift between
+    // rounds, not the sample), 0.3 s in a smoke run.
+    let sample = opts.pick(
+        Duration::from_secs_f64(f64::from(opts.secs) * 0.4),
+        Duration::from_millis(300),
+    );
+    let warm = Duration::from_millis(200);
+    let secs = sample.as_secs_f64();
     report.notes.push(format!(
-        "connect + 1-byte exchange + close from an outside host, {} s per sample, {} rounds per size, interleaved; iptables: DNAT rules in portmap's layout (nft backend), the measured mapping last; nftables: one DNAT rule looking up a map of (address . port) elements",
-        opts.secs, opts.rounds
+        "connect + 1-byte exchange + close from an outside host, {secs} s per sample, {} rounds per size after a {} s warm-up of each variant, interleaved; iptables: DNAT rules in portmap's layout (nft backend), the measured mapping last; nftables: one DNAT rule looking up a map of (address . port) elements",
+        opts.rounds,
+        warm.as_secs_f64()
     ));
     report.notes.push(
         "program_ms: rivet = one CNI-path ADD (through the agent API) of a pod carrying the N − 1 other mappings; iptables = one iptables-nft-restore of the N rules; nftables = one `nft -f` of the map with N elements".into(),
@@ -233,6 +243,14 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         filler = f;
         report.add(&prog, "rivet", rivet_ms);
         let outside = w.outside.as_ref().expect("outside");
+        progress(&format!(
+            "nat: N={n} warm-up [{:.0}s]",
+            started.elapsed().as_secs_f64()
+        ));
+        for (name, dst) in targets {
+            let lat = connection_loop(outside, dst, warm);
+            assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
+        }
         for round in 0..opts.rounds {
             for (name, dst) in targets {
                 progress(&format!(
@@ -241,11 +259,11 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                     opts.rounds,
                     started.elapsed().as_secs_f64()
                 ));
-                let lat = connection_loop(outside, dst, Duration::from_secs(u64::from(opts.secs)));
+                let lat = connection_loop(outside, dst, sample);
                 assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
                 report.add(&p50, name, percentile(&lat, 50.0));
                 report.add(&p99, name, percentile(&lat, 99.0));
-                report.add(&rate, name, lat.len() as f64 / f64::from(opts.secs));
+                report.add(&rate, name, lat.len() as f64 / secs);
             }
         }
     }
@@ -265,6 +283,13 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     report
         .better
         .insert("snat_conns_per_s".into(), "higher".into());
+    for (name, ns) in clients {
+        let lat = connection_loop(ns, dst, warm);
+        assert!(
+            !lat.is_empty(),
+            "{name}: no masqueraded connection succeeded"
+        );
+    }
     for round in 0..opts.rounds {
         for (name, ns) in clients {
             progress(&format!(
@@ -273,18 +298,14 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                 opts.rounds,
                 started.elapsed().as_secs_f64()
             ));
-            let lat = connection_loop(ns, dst, Duration::from_secs(u64::from(opts.secs)));
+            let lat = connection_loop(ns, dst, sample);
             assert!(
                 !lat.is_empty(),
                 "{name}: no masqueraded connection succeeded"
             );
             report.add("snat_p50_us", name, percentile(&lat, 50.0));
             report.add("snat_p99_us", name, percentile(&lat, 99.0));
-            report.add(
-                "snat_conns_per_s",
-                name,
-                lat.len() as f64 / f64::from(opts.secs),
-            );
+            report.add("snat_conns_per_s", name, lat.len() as f64 / secs);
         }
     }
     report.notes.push(

@@ -61,25 +61,51 @@ fn rivet_world(mode: &str) -> (World, usize, usize) {
 /// Runs the benchmark.
 pub fn run(opts: &Options) -> Report {
     let (rounds, secs) = (opts.rounds, opts.secs);
-    progress("overlay: building worlds");
+    let setup = Instant::now();
+    progress("overlay: building the worlds (two at a time)");
+    // Independent worlds (own namespaces, prefixes and address plans),
+    // built two at a time: most of a world's setup is its agents loading
+    // and verifying the datapath, one CPU each (more at once and an agent
+    // may miss its 10 s readiness deadline on a busy 2-CPU machine).
     let (fw, fpa, fpb) = flannel_world();
     let mut rivet: Vec<(&str, World, usize, usize)> = Vec::new();
-    for (variant, mode) in [
+    let all = [
         ("rivet-vxlan", "vxlan"),
         ("rivet-vxlan-nogro", "vxlan"),
         ("rivet-ipip", "ipip"),
         ("rivet-native", "native"),
         ("rivet-hybrid", "hybrid"),
-    ] {
-        progress(&format!("overlay: building {variant}"));
-        let (w, a, b) = rivet_world(mode);
-        if variant == "rivet-vxlan-nogro" {
-            for n in &w.nodes {
-                n.ns.ip(&["link", "del", rivet::node::VXLAN_DEV]);
+    ];
+    for pair in all.chunks(2) {
+        progress(&format!(
+            "overlay: building {} [{:.0}s]",
+            pair.iter().map(|p| p.0).collect::<Vec<_>>().join(" + "),
+            setup.elapsed().as_secs_f64()
+        ));
+        std::thread::scope(|s| {
+            let builders: Vec<_> = pair
+                .iter()
+                .map(|&(variant, mode)| {
+                    s.spawn(move || {
+                        let (w, a, b) = rivet_world(mode);
+                        if variant == "rivet-vxlan-nogro" {
+                            for n in &w.nodes {
+                                n.ns.ip(&["link", "del", rivet::node::VXLAN_DEV]);
+                            }
+                        }
+                        (variant, w, a, b)
+                    })
+                })
+                .collect();
+            for b in builders {
+                rivet.push(b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
             }
-        }
-        rivet.push((variant, w, a, b));
+        });
     }
+    eprintln!(
+        "overlay: worlds built in {:.0}s",
+        setup.elapsed().as_secs_f64()
+    );
     let endpoints = |variant: &str| -> (&Netns, &Netns, Ipv4Addr) {
         match variant {
             "underlay" => (&fw.nodes[0].ns, &fw.nodes[1].ns, fw.nodes[1].ip),
@@ -106,19 +132,23 @@ pub fn run(opts: &Options) -> Report {
             .insert(format!("rtt_p50_ms ({b})"), "lower".into());
     }
     report.notes.push(format!(
-        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round, per underlay behaviour"
+        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round, per underlay behaviour (--quick: nic only)"
     ));
-    report
-        .notes
-        .push("rtt: median of ping -c 50 -i 0.005 reply times".into());
+    let pings = opts.pick(50, 20);
+    report.notes.push(format!(
+        "rtt: median of ping -c {pings} -i 0.005 reply times; --quick: the warm-up round is 10 pings, no iperf3"
+    ));
     report.notes.push("veth: the veth default (TSO/checksum offload carried end to end); nic: tso/tx-checksum off on the node uplinks and underlay bridge ports, GRO on (NAPI) at the receiving uplinks".into());
     report.notes.push("underlay: node → node over eth0 (no encapsulation); kernel-vxlan: flannel.1 (VNI 1, port 8472, nolearning, onlink route + permanent neighbour + FDB per peer) with pods behind the reference bridge plugin, as flannel's vxlan backend sets a node up".into());
     report.notes.push("rivet-*: rivetd --mode vxlan|ipip|native|hybrid, static cluster of two nodes on one L2 (hybrid therefore routes natively); rivet-vxlan-nogro: rivet vxlan with the idle rivet_vxlan GRO device deleted".into());
 
-    let total = (rounds + 1) as usize * VARIANTS.len() * 2;
+    // A smoke run measures the NIC-like underlay only (set up on top of
+    // the veth default, so both setups run).
+    let behaviours: &[&str] = opts.pick(&["veth", "nic"], &["nic"]);
+    let total = (rounds + 1) as usize * VARIANTS.len() * behaviours.len();
     let started = Instant::now();
     let mut done = 0;
-    for behaviour in ["veth", "nic"] {
+    for &behaviour in behaviours {
         if behaviour == "nic" {
             flannel::nic_like(&fw);
             for (_, w, _, _) in &rivet {
@@ -133,11 +163,17 @@ pub fn run(opts: &Options) -> Report {
                     started.elapsed().as_secs_f64()
                 ));
                 let (client, server, ip) = endpoints(variant);
+                if round == 0 && opts.quick {
+                    // A smoke run's warm-up: pings only (iperf3's
+                    // shortest test is 1 s).
+                    ping_times(client, ip, 10, 0.005);
+                    continue;
+                }
                 let t = if round == 0 { 1 } else { secs };
                 let srv = iperf3_server(server, 5201, Some(1));
                 let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
                 drop(srv);
-                let rtt = ping_times(client, ip, 50, 0.005);
+                let rtt = ping_times(client, ip, pings, 0.005);
                 if round > 0 {
                     report.add(
                         &format!("throughput_gbps ({behaviour})"),
@@ -157,8 +193,19 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("overlay: done in {:.0}s", started.elapsed().as_secs_f64());
+    let teardown = Instant::now();
     drop((fpa, fpb));
-    drop(fw);
-    drop(rivet);
+    // Torn down side by side too (agents stopped, pins and namespaces
+    // removed by each world's guards).
+    std::thread::scope(|s| {
+        s.spawn(move || drop(fw));
+        for r in rivet.drain(..) {
+            s.spawn(move || drop(r));
+        }
+    });
+    eprintln!(
+        "overlay: worlds removed in {:.0}s",
+        teardown.elapsed().as_secs_f64()
+    );
     report
 }

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     Netns, World,
     cni::{Plugin, result_ip},
-    traffic::{iperf3_client, iperf3_server, ping},
+    traffic::{IperfResult, iperf3_client, iperf3_server, ping},
     unique_prefix,
 };
 
@@ -213,6 +213,13 @@ pub fn run(opts: &Options) -> Report {
     let b = world.add_pod(n);
     let rivet_server_ip = world.pods[b].ip;
 
+    // Request/response and connection-rate probes: 0.5 s each (~15k round
+    // trips, ~4k connections; a quick run: 0.2 s); the warm-up round's: 0.1 s (enough to resolve neighbours
+    // and open flows). A quick run's warm-up skips iperf3 (its shortest
+    // test is 1 s).
+    let probe = std::time::Duration::from_millis(opts.pick(500, 200));
+    let warm_probe = std::time::Duration::from_millis(100);
+    let pings = opts.pick(100, 30);
     let mut report = Report {
         name: "same-node pod → pod".into(),
         variants: VARIANTS.iter().map(|v| (*v).to_owned()).collect(),
@@ -229,16 +236,16 @@ pub fn run(opts: &Options) -> Report {
     report.better.insert("conns_per_s".into(), "higher".into());
     report.better.insert("cpu_s_per_gb".into(), "lower".into());
     report.notes.push("cpu_s_per_gb: CPU-seconds of the whole machine (busy = total − idle − iowait jiffies of /proc/stat, summed over all CPUs) from just before the iperf3 client starts to just after it ends, per GB the receiver got (its rate × the test length); it includes iperf3's own start and whatever else the machine runs meanwhile (the agent, other users' builds)".into());
-    report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 1 s (0.3 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 1 s (0.3 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
+    report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 0.5 s (0.2 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 0.5 s (0.2 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
         .better
         .insert("tcp_retransmits".into(), "lower".into());
     report.notes.push(format!(
-        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round"
+        "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round (iperf3 1 s, 10 pings, 0.1 s probes; --quick: no iperf3 in it)"
     ));
     report
         .notes
-        .push("rtt: ping -c 100 -i 0.005 average".into());
+        .push(format!("rtt: ping -c {pings} -i 0.005 average"));
     for p in &pairs {
         report.notes.push(format!("{}: {}", p.name, p.client));
     }
@@ -263,9 +270,6 @@ pub fn run(opts: &Options) -> Report {
         echo_server(ns, 9100);
         one_byte_server(ns, 9101);
     }
-    // Request/response and connection-rate probes: 1 s each (a quick run:
-    // 0.3 s).
-    let probe = std::time::Duration::from_millis(if secs <= 1 { 300 } else { 1000 });
     let total = (rounds + 1) * VARIANTS.len() as u32;
     let started = Instant::now();
     let mut done = 0;
@@ -294,15 +298,30 @@ pub fn run(opts: &Options) -> Report {
                     p.server_ip,
                 )
             };
-            let t = if round == 0 { 1 } else { secs };
-            let srv = iperf3_server(server, 5201, Some(1));
-            let cpu_before = cpu_busy_secs();
-            let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
-            let cpu_after = cpu_busy_secs();
-            drop(srv);
+            let warm_up = round == 0;
+            let t = if warm_up { 1 } else { secs };
+            let (res, cpu_before, cpu_after) = if warm_up && opts.quick {
+                let none = IperfResult {
+                    bits_per_second: 0.0,
+                    retransmits: 0,
+                };
+                (none, None, None)
+            } else {
+                let srv = iperf3_server(server, 5201, Some(1));
+                let cpu_before = cpu_busy_secs();
+                let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
+                let cpu_after = cpu_busy_secs();
+                drop(srv);
+                (res, cpu_before, cpu_after)
+            };
             // Bytes the receiver got: its rate over the test's length.
             let gbytes = res.bits_per_second / 8.0 * f64::from(t) / 1e9;
-            let rtt = ping(client, ip, 100, 0.005);
+            let (count, probe) = if warm_up {
+                (10, warm_probe)
+            } else {
+                (pings, probe)
+            };
+            let rtt = ping(client, ip, count, 0.005);
             let rr = ping_pong(client, SocketAddr::from((ip, 9100)), probe);
             let conns = connection_loop(client, SocketAddr::from((ip, 9101)), probe);
             let events = watcher.map(FlowWatcher::stop);
