@@ -62,6 +62,9 @@ pub struct LinkInfo {
     pub mtu: u32,
     /// Link kind ("veth", "bridge", ...), if any.
     pub kind: Option<String>,
+    /// `IFLA_LINK`: for a veth, its peer's ifindex (in the peer's
+    /// namespace); for a vlan and the like, the parent's.
+    pub link: Option<u32>,
 }
 
 /// An IPv4 route of the main table.
@@ -109,6 +112,27 @@ fn ctx(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     move |source| NetlinkError { op, source }
 }
 
+/// The request creating veth `host` with its peer `peer` inside the
+/// namespace `peer_netns`, both with `mtu`, the peer with MAC `peer_mac`.
+pub(crate) fn veth_message(
+    host: &str,
+    peer: &str,
+    peer_netns: &std::fs::File,
+    mtu: u32,
+    peer_mac: [u8; 6],
+) -> LinkMessage {
+    let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(peer.to_owned())
+        .setns_by_fd(peer_netns.as_raw_fd())
+        .mtu(mtu)
+        .address(peer_mac.to_vec())
+        .build();
+    LinkVeth::new(host, peer)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+        .mtu(mtu)
+        .build()
+}
+
 pub(crate) fn link_info(msg: &LinkMessage) -> LinkInfo {
     let mut info = LinkInfo {
         index: msg.header.index,
@@ -116,12 +140,14 @@ pub(crate) fn link_info(msg: &LinkMessage) -> LinkInfo {
         mac: [0; 6],
         mtu: 0,
         kind: None,
+        link: None,
     };
     for attr in &msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => info.name.clone_from(n),
             LinkAttribute::Address(a) if a.len() == 6 => info.mac.copy_from_slice(a),
             LinkAttribute::Mtu(m) => info.mtu = *m,
+            LinkAttribute::Link(l) => info.link = Some(*l),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     if let rtnetlink::packet_route::link::LinkInfo::Kind(k) = i {
@@ -184,19 +210,9 @@ impl Netlink {
         mtu: u32,
         peer_mac: [u8; 6],
     ) -> Result<(), NetlinkError> {
-        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
-            .name(peer.to_owned())
-            .setns_by_fd(peer_netns.as_raw_fd())
-            .mtu(mtu)
-            .address(peer_mac.to_vec())
-            .build();
-        let msg = LinkVeth::new(host, peer)
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
-            .mtu(mtu)
-            .build();
         self.handle
             .link()
-            .add(msg)
+            .add(veth_message(host, peer, peer_netns, mtu, peer_mac))
             .execute()
             .await
             .map_err(ctx(format!("creating veth {host} (peer {peer})")))

@@ -113,6 +113,40 @@ pub fn write_if_sysctl(proto: &str, ifname: &str, key: &str, value: &str) -> std
     std::fs::write(format!("/proc/sys/net/{proto}/conf/{ifname}/{key}"), value)
 }
 
+/// Writes several per-interface sysctls of the calling thread's network
+/// namespace, in order, resolving `/proc/sys/net/<proto>/conf/<ifname>`
+/// once (each full-path open walks the proc sysctl tree again). Every key
+/// is tried; the first failure is returned with its key.
+pub fn write_if_sysctls(
+    proto: &str,
+    ifname: &str,
+    values: &[(&'static str, &str)],
+) -> Result<(), (&'static str, std::io::Error)> {
+    use nix::{fcntl::OFlag, sys::stat::Mode};
+    let dir = format!("/proc/sys/net/{proto}/conf/{ifname}");
+    let dir = nix::fcntl::open(
+        dir.as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| (values.first().map_or("", |v| v.0), e.into()))?;
+    let mut first = None;
+    for (key, value) in values {
+        let written = nix::fcntl::openat(
+            &dir,
+            *key,
+            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(std::io::Error::from)
+        .and_then(|fd| std::io::Write::write_all(&mut File::from(fd), value.as_bytes()));
+        if let Err(e) = written {
+            first.get_or_insert((*key, e));
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

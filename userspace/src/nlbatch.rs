@@ -10,8 +10,8 @@ use std::{net::Ipv4Addr, os::fd::RawFd};
 use rtnetlink::{
     LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
     packet_core::{
-        ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
-        NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+        ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE,
+        NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
     },
     packet_route::{
         AddressFamily, RouteNetlinkMessage,
@@ -24,7 +24,7 @@ use rtnetlink::{
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
 };
 
-use crate::netlink::{LinkInfo, NetlinkError, link_info};
+use crate::netlink::{LinkInfo, NetlinkError, link_info, veth_message};
 
 /// `ip route add <dst>/<len> dev <index> scope link`.
 pub fn link_route(dst: Ipv4Addr, prefix: u8, index: u32) -> RouteMessage {
@@ -364,6 +364,56 @@ impl SyncNetlink {
             }
         }
         Ok(())
+    }
+
+    /// Creates veth `host` (in this namespace) with its peer `peer` inside
+    /// `peer_netns`, and returns the host end as the kernel echoes it
+    /// (`NLM_F_ECHO`: ifindex, MAC, the peer's ifindex in `IFLA_LINK`) —
+    /// one round trip instead of creation then lookup. A kernel that does
+    /// not echo creations (before 6.3) answers `None` on success: the caller
+    /// looks the link up.
+    pub fn create_veth(
+        &mut self,
+        host: &str,
+        peer: &str,
+        peer_netns: &std::fs::File,
+        mtu: u32,
+        peer_mac: [u8; 6],
+    ) -> Result<Option<LinkInfo>, NetlinkError> {
+        let op = format!("creating veth {host} (peer {peer})");
+        let msg = veth_message(host, peer, peer_netns, mtu, peer_mac);
+        let (seq, frame) = self.frame(CREATE | NLM_F_ECHO, RouteNetlinkMessage::NewLink(msg));
+        self.socket.send(&frame, 0).map_err(|e| io_error(&op, &e))?;
+        let mut echoed = None;
+        let mut failed = None;
+        self.receive(&op, |msg| {
+            if msg.header.sequence_number != seq {
+                return Ok(false);
+            }
+            match msg.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
+                    let info = link_info(&link);
+                    if info.name == host {
+                        echoed = Some(info);
+                    }
+                    Ok(false)
+                }
+                NetlinkPayload::Error(e) => {
+                    if e.code.is_some() {
+                        failed = Some(e);
+                    }
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })?;
+        match failed {
+            Some(e) => Err(NetlinkError {
+                op,
+                source: rtnetlink::Error::NetlinkError(e),
+            }),
+            None => Ok(echoed),
+        }
     }
 
     /// The link called `name`, if it exists.
