@@ -164,7 +164,17 @@ fn program_rivet(
 /// Runs the benchmark.
 pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     let mut w = World::new();
-    let rivet_node = w.add_node_with_agent();
+    let rivet_node = w.add_node();
+    // The hostPort map holds 16,384 mappings by default: a sweep past that
+    // (30k in the full suite) sizes it like an operator would.
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    if largest > rivet_common::HOSTPORTS_MAX as usize {
+        w.nodes[rivet_node].agent_args.extra_args = vec![
+            "--max-hostports".into(),
+            largest.next_power_of_two().to_string(),
+        ];
+    }
+    w.start_agent(rivet_node);
     let pod = w.add_pod_with_ports(
         rivet_node,
         vec![rivet_api::PortMapping {

@@ -132,8 +132,13 @@ fn main() {
             }
             Which::Nat => bench::nat::run(
                 &opts,
-                // Every size in a smoke run too, with short samples.
-                &[1, 100, 1000, 10_000],
+                // Every size up to 10k in a smoke run too, with short
+                // samples; 30k in the full suite.
+                if args.quick {
+                    &[1, 100, 1000, 10_000]
+                } else {
+                    &[1, 100, 1000, 10_000, 30_000]
+                },
             ),
         };
         let took = started.elapsed().as_secs_f64();
