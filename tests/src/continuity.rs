@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read as _, Write as _},
-    net::SocketAddr,
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::Command,
     sync::{
@@ -19,7 +19,7 @@ use std::{
 };
 
 use aya::programs::{SchedClassifier, TcAttachType};
-use rivet_api::{Request, Response};
+use rivet_api::{PortMapping, Protocol, Request, Response};
 
 use crate::{
     Netns, World,
@@ -122,6 +122,168 @@ impl Stream {
 
 /// (interface, ifindex, ingress?) checked by the poller.
 pub type Hook = (String, u32, bool);
+
+/// Node 1 of a two-node static cluster carrying the four paced streams —
+/// same-node (pod a → pod b), cross-node (a → pod c on node 2), masqueraded
+/// (a → the outside) and through a hostPort (the outside → node 1:8080 →
+/// b:80) — with the poller watching both pod veths, the uplink and
+/// `rivet_host`.
+pub struct Scenario {
+    /// The world (dropped by the caller, after [`Scenario::finish`]).
+    pub w: World,
+    /// Node 1, whose agent the test restarts.
+    pub n1: usize,
+    /// The hooks the poller watches.
+    pub hooks: Vec<Hook>,
+    /// Node 1's namespace.
+    pub ns_path: PathBuf,
+    /// Polls made so far.
+    pub polls: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    streams: Vec<Stream>,
+    poll_stop: Arc<AtomicBool>,
+    poll: JoinHandle<Vec<String>>,
+}
+
+impl Scenario {
+    /// Builds the cluster in `mode`, starts the streams and the poller, and
+    /// lets them run for a second.
+    pub fn start(mode: &str) -> Self {
+        let mut w = World::new();
+        let nodes = w.add_static_cluster(2, mode);
+        let (n1, n2) = (nodes[0], nodes[1]);
+        let a = w.add_pod(n1);
+        let b = w.add_pod_with_ports(
+            n1,
+            vec![PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: Protocol::Tcp,
+                host_ip: None,
+            }],
+        );
+        let c = w.add_pod(n2);
+        w.add_outside();
+        let out = w.outside.as_ref().expect("outside");
+        let out_ip = Ipv4Addr::new(192, 168, w.k, 254);
+        let n1_ip = w.nodes[n1].ip;
+        let (pa, pb, pc) = (&w.pods[a], &w.pods[b], &w.pods[c]);
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let streams = vec![
+            stream(
+                "same-node",
+                &pa.ns,
+                &pb.ns,
+                7001,
+                (pb.ip, 7001).into(),
+                &stop,
+            ),
+            stream(
+                "cross-node",
+                &pa.ns,
+                &pc.ns,
+                7002,
+                (pc.ip, 7002).into(),
+                &stop,
+            ),
+            stream(
+                "masquerade",
+                &pa.ns,
+                out,
+                7003,
+                (out_ip, 7003).into(),
+                &stop,
+            ),
+            stream("hostPort", out, &pb.ns, 80, (n1_ip, 8080).into(), &stop),
+        ];
+
+        let node_ns = &w.nodes[n1].ns;
+        let mut hooks: Vec<Hook> = [pa, pb]
+            .iter()
+            .map(|p| {
+                (
+                    p.endpoint.host_ifname.clone(),
+                    p.endpoint.host_ifindex,
+                    true,
+                )
+            })
+            .collect();
+        hooks.push(("eth0".into(), ifindex(node_ns, "eth0"), true));
+        hooks.push(("rivet_host".into(), ifindex(node_ns, "rivet_host"), false));
+        let ns_path = node_ns.path();
+        let poll_stop = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(AtomicU64::new(0));
+        let poll = poller(
+            ns_path.clone(),
+            hooks.clone(),
+            Arc::clone(&poll_stop),
+            Arc::clone(&polls),
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        Self {
+            w,
+            n1,
+            hooks,
+            ns_path,
+            polls,
+            stop,
+            streams,
+            poll_stop,
+            poll,
+        }
+    }
+
+    /// Node 1's state (see [`state`]), with the masquerade and hostPort
+    /// flows present in the NAT table.
+    pub fn state(&self) -> BTreeMap<&'static str, BTreeSet<String>> {
+        let st = state(&self.w, self.n1);
+        assert!(
+            st["nat"].len() >= 3,
+            "the masquerade and hostPort streams are in the NAT table: {:?}",
+            st["nat"]
+        );
+        st
+    }
+
+    /// Stops the streams and the poller and checks that every stream ran,
+    /// lost no byte, was never reset or paused over a second, and that the
+    /// poller (at least `min_polls` polls) never saw a hook without its
+    /// program. Returns the world (to drop after any last checks) and the
+    /// number of polls.
+    pub fn finish(self, label: &str, min_polls: u64) -> (World, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let results: Vec<StreamResult> = self.streams.into_iter().map(Stream::finish).collect();
+        self.poll_stop.store(true, Ordering::Relaxed);
+        let missing = self.poll.join().expect("poller");
+        let polls = self.polls.load(Ordering::Relaxed);
+        for r in &results {
+            eprintln!(
+                "{label} {}: {} bytes sent, {} received, longest pause {:?}",
+                r.name, r.sent, r.received, r.longest_pause
+            );
+        }
+        eprintln!("{label}: {polls} attachment polls");
+        for r in &results {
+            assert!(
+                r.sent > 1_000_000,
+                "{}: the stream ran ({})",
+                r.name,
+                r.sent
+            );
+            assert_eq!(r.received, r.sent, "{}: bytes lost", r.name);
+            assert!(
+                r.longest_pause <= Duration::from_secs(1),
+                "{}: paused {:?}",
+                r.name,
+                r.longest_pause
+            );
+        }
+        assert!(polls > min_polls, "the poller ran ({polls} polls)");
+        assert!(missing.is_empty(), "programs missing at times: {missing:?}");
+        (self.w, polls)
+    }
+}
 
 /// Runs `f` with a netlink connection inside the namespace at `ns`.
 fn with_netlink<T: Send>(

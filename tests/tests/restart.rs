@@ -10,107 +10,22 @@
 //! after; an ADD during the outage fails fast with CNI code 11 and succeeds
 //! once the agent is back.
 
-use std::{
-    net::{Ipv4Addr, SocketAddr},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use rivet_api::{PortMapping, Protocol};
 use rivet_tests::{
     Netns, World,
     cni::{Plugin, rivet_conf},
-    continuity::{Hook, Stream, StreamResult, ifindex, poller, state, stream},
+    continuity::{Scenario, state},
 };
 
 fn restart_without_loss(mode: &str) {
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, mode);
-    let (n1, n2) = (nodes[0], nodes[1]);
-    let a = w.add_pod(n1);
-    let b = w.add_pod_with_ports(
-        n1,
-        vec![PortMapping {
-            host_port: 8080,
-            container_port: 80,
-            protocol: Protocol::Tcp,
-            host_ip: None,
-        }],
-    );
-    let c = w.add_pod(n2);
-    w.add_outside();
-    let out = w.outside.as_ref().expect("outside");
-    let out_ip = Ipv4Addr::new(192, 168, w.k, 254);
-    let n1_ip = w.nodes[n1].ip;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let streams = [
-        stream(
-            "same-node",
-            &w.pods[a].ns,
-            &w.pods[b].ns,
-            7001,
-            SocketAddr::from((w.pods[b].ip, 7001)),
-            &stop,
-        ),
-        stream(
-            "cross-node",
-            &w.pods[a].ns,
-            &w.pods[c].ns,
-            7002,
-            SocketAddr::from((w.pods[c].ip, 7002)),
-            &stop,
-        ),
-        stream(
-            "masquerade",
-            &w.pods[a].ns,
-            out,
-            7003,
-            SocketAddr::from((out_ip, 7003)),
-            &stop,
-        ),
-        stream(
-            "hostPort",
-            out,
-            &w.pods[b].ns,
-            80,
-            SocketAddr::from((n1_ip, 8080)),
-            &stop,
-        ),
-    ];
-
-    let node_ns = &w.nodes[n1].ns;
-    let mut hooks: Vec<Hook> = [a, b]
-        .iter()
-        .map(|&p| {
-            let ep = &w.pods[p].endpoint;
-            (ep.host_ifname.clone(), ep.host_ifindex, true)
-        })
-        .collect();
-    hooks.push(("eth0".into(), ifindex(node_ns, "eth0"), true));
-    hooks.push(("rivet_host".into(), ifindex(node_ns, "rivet_host"), false));
-    let poll_stop = Arc::new(AtomicBool::new(false));
-    let polls = Arc::new(AtomicU64::new(0));
-    let poll = poller(
-        node_ns.path(),
-        hooks,
-        Arc::clone(&poll_stop),
-        Arc::clone(&polls),
-    );
-
-    std::thread::sleep(Duration::from_secs(1));
-    let before = state(&w, n1);
-    assert!(
-        before["nat"].len() >= 3,
-        "the masquerade and hostPort streams are in the NAT table: {:?}",
-        before["nat"]
-    );
+    let mut sc = Scenario::start(mode);
+    let n1 = sc.n1;
+    let before = sc.state();
 
     // SIGTERM, back; SIGKILL, back.
-    let agent = w.nodes[n1].agent_mut();
+    let agent = sc.w.nodes[n1].agent_mut();
     let st = agent.stop().expect("agent was running");
     assert!(st.success(), "SIGTERM exit status {st}");
     agent.restart();
@@ -120,11 +35,14 @@ fn restart_without_loss(mode: &str) {
     std::thread::sleep(Duration::from_millis(700));
 
     // Down for 30 s. An ADD meanwhile fails fast with code 11.
-    let socket = w.nodes[n1].agent().socket().to_owned();
+    let socket = sc.w.nodes[n1].agent().socket().to_owned();
     let conf = rivet_conf("1.1.0", &socket);
-    let plugin = Plugin::rivet(&w.nodes[n1].ns.path());
-    let late = Netns::new(format!("{}-late", w.prefix));
-    w.nodes[n1].agent_mut().stop().expect("agent was running");
+    let plugin = Plugin::rivet(&sc.w.nodes[n1].ns.path());
+    let late = Netns::new(format!("{}-late", sc.w.prefix));
+    sc.w.nodes[n1]
+        .agent_mut()
+        .stop()
+        .expect("agent was running");
     let down = Instant::now();
     let t = Instant::now();
     let msg = plugin
@@ -133,45 +51,15 @@ fn restart_without_loss(mode: &str) {
     let add_took = t.elapsed();
     assert!(msg.contains("not reachable"), "{msg}");
     std::thread::sleep(Duration::from_secs(30).saturating_sub(down.elapsed()));
-    w.nodes[n1].agent_mut().restart();
+    sc.w.nodes[n1].agent_mut().restart();
     std::thread::sleep(Duration::from_secs(1));
-    let after = state(&w, n1);
+    let after = sc.state();
     plugin
         .add("late", &late.path(), &conf)
         .expect_ok("ADD after the agent is back");
 
-    stop.store(true, Ordering::Relaxed);
-    let results: Vec<StreamResult> = streams.into_iter().map(Stream::finish).collect();
-    poll_stop.store(true, Ordering::Relaxed);
-    let missing = poll.join().expect("poller");
-
-    for r in &results {
-        eprintln!(
-            "{mode} {}: {} bytes sent, {} received, longest pause {:?}",
-            r.name, r.sent, r.received, r.longest_pause
-        );
-    }
-    eprintln!(
-        "{mode}: {} attachment polls, ADD while down answered in {add_took:?}",
-        polls.load(Ordering::Relaxed)
-    );
-    for r in &results {
-        assert!(
-            r.sent > 1_000_000,
-            "{}: the stream ran ({})",
-            r.name,
-            r.sent
-        );
-        assert_eq!(r.received, r.sent, "{}: bytes lost", r.name);
-        assert!(
-            r.longest_pause <= Duration::from_secs(1),
-            "{}: paused {:?}",
-            r.name,
-            r.longest_pause
-        );
-    }
-    assert!(polls.load(Ordering::Relaxed) > 1000, "the poller ran");
-    assert!(missing.is_empty(), "programs missing at times: {missing:?}");
+    eprintln!("{mode}: ADD while down answered in {add_took:?}");
+    let (_w, _) = sc.finish(mode, 1000);
     assert_eq!(before, after, "state before and after the restarts");
     plugin
         .del("late", Some(&late.path()), &conf)

@@ -17,12 +17,8 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -31,13 +27,11 @@ use rivet::{
     datapath::{OBJECT, object_hash, object_stamp},
     pins::PinLayout,
 };
-use rivet_api::{AgentStatus, PortMapping, Protocol, Request, Response};
+use rivet_api::{AgentStatus, Request, Response};
 use rivet_common::program_names;
 use rivet_tests::{
     AgentProc, World,
-    continuity::{
-        Hook, Stream, StreamResult, attached_ids, build_object, ifindex, poller, state, stream,
-    },
+    continuity::{Hook, Scenario, attached_ids, build_object, state},
 };
 
 /// The rebuilt object, built once for every test of this binary.
@@ -127,101 +121,24 @@ fn upgrade_without_loss(mode: &str) {
         "both objects carry a stamp, and they differ: {old_stamp:?} {new_stamp:?}"
     );
 
-    let mut w = World::new();
-    let nodes = w.add_static_cluster(2, mode);
-    let (n1, n2) = (nodes[0], nodes[1]);
-    let a = w.add_pod(n1);
-    let b = w.add_pod_with_ports(
-        n1,
-        vec![PortMapping {
-            host_port: 8080,
-            container_port: 80,
-            protocol: Protocol::Tcp,
-            host_ip: None,
-        }],
-    );
-    let c = w.add_pod(n2);
-    w.add_outside();
-    let out = w.outside.as_ref().expect("outside");
-    let out_ip = Ipv4Addr::new(192, 168, w.k, 254);
-    let n1_ip = w.nodes[n1].ip;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let streams = [
-        stream(
-            "same-node",
-            &w.pods[a].ns,
-            &w.pods[b].ns,
-            7001,
-            SocketAddr::from((w.pods[b].ip, 7001)),
-            &stop,
-        ),
-        stream(
-            "cross-node",
-            &w.pods[a].ns,
-            &w.pods[c].ns,
-            7002,
-            SocketAddr::from((w.pods[c].ip, 7002)),
-            &stop,
-        ),
-        stream(
-            "masquerade",
-            &w.pods[a].ns,
-            out,
-            7003,
-            SocketAddr::from((out_ip, 7003)),
-            &stop,
-        ),
-        stream(
-            "hostPort",
-            out,
-            &w.pods[b].ns,
-            80,
-            SocketAddr::from((n1_ip, 8080)),
-            &stop,
-        ),
-    ];
-
-    let node_ns = &w.nodes[n1].ns;
-    let mut hooks: Vec<Hook> = [a, b]
-        .iter()
-        .map(|&p| {
-            let ep = &w.pods[p].endpoint;
-            (ep.host_ifname.clone(), ep.host_ifindex, true)
-        })
-        .collect();
-    hooks.push(("eth0".into(), ifindex(node_ns, "eth0"), true));
-    hooks.push(("rivet_host".into(), ifindex(node_ns, "rivet_host"), false));
-    let ns_path = node_ns.path();
-    let poll_stop = Arc::new(AtomicBool::new(false));
-    let polls = Arc::new(AtomicU64::new(0));
-    let poll = poller(
-        ns_path.clone(),
-        hooks.clone(),
-        Arc::clone(&poll_stop),
-        Arc::clone(&polls),
-    );
-
-    std::thread::sleep(Duration::from_secs(1));
-    let before = state(&w, n1);
-    assert!(
-        before["nat"].len() >= 3,
-        "the masquerade and hostPort streams are in the NAT table: {:?}",
-        before["nat"]
-    );
-    let s = status(&w, n1);
+    let mut sc = Scenario::start(mode);
+    let n1 = sc.n1;
+    let before = sc.state();
+    let (ns_path, hooks) = (sc.ns_path.clone(), sc.hooks.clone());
+    let w = &mut sc.w;
+    let s = status(w, n1);
     assert_eq!(
         (s.ebpf.source.as_str(), &s.ebpf.stamp, &s.ebpf.hash),
         ("embedded", &old_stamp, &old_hash),
         "the agent runs the embedded object"
     );
-    let progs0 = pinned_programs(&w, n1);
+    let progs0 = pinned_programs(w, n1);
     assert_hooks_run(&attached_ids(&ns_path, &hooks), &hooks, &progs0);
 
     // Upgrade: the rebuilt object from a file.
-    let up_gap = restart_with(&mut w, n1, Some(&new_object));
+    let up_gap = restart_with(w, n1, Some(&new_object));
     std::thread::sleep(Duration::from_secs(2));
-    let s = status(&w, n1);
+    let s = status(w, n1);
     assert_eq!(
         (s.ebpf.source.clone(), &s.ebpf.stamp, &s.ebpf.hash),
         (new_object.display().to_string(), &new_stamp, &new_hash),
@@ -234,64 +151,36 @@ fn upgrade_without_loss(mode: &str) {
             && log.contains(new_stamp.as_deref().unwrap_or_default()),
         "the start log names the object: {log}"
     );
-    let progs1 = pinned_programs(&w, n1);
+    let progs1 = pinned_programs(w, n1);
     assert_hooks_run(&attached_ids(&ns_path, &hooks), &hooks, &progs1);
     for (name, (id, tag)) in &progs1 {
         let (id0, tag0) = progs0[name];
         assert_ne!(*id, id0, "{name}: a new program replaced the old one");
         assert_eq!(*tag, tag0, "{name}: same source, same instructions");
     }
-    let upgraded = state(&w, n1);
+    let upgraded = state(w, n1);
 
     // Roll back: the embedded object again.
-    let back_gap = restart_with(&mut w, n1, None);
+    let back_gap = restart_with(w, n1, None);
     std::thread::sleep(Duration::from_secs(2));
-    let s = status(&w, n1);
+    let s = status(w, n1);
     assert_eq!(
         (s.ebpf.source.as_str(), &s.ebpf.stamp, &s.ebpf.hash),
         ("embedded", &old_stamp, &old_hash),
         "rolled back to the embedded object"
     );
-    let progs2 = pinned_programs(&w, n1);
+    let progs2 = pinned_programs(w, n1);
     assert_hooks_run(&attached_ids(&ns_path, &hooks), &hooks, &progs2);
     for (name, (id, _)) in &progs2 {
         assert_ne!(*id, progs1[name].0, "{name}: rolled back to a new load");
     }
-    let after = state(&w, n1);
+    let after = state(w, n1);
 
-    stop.store(true, Ordering::Relaxed);
-    let results: Vec<StreamResult> = streams.into_iter().map(Stream::finish).collect();
-    poll_stop.store(true, Ordering::Relaxed);
-    let missing = poll.join().expect("poller");
-
-    for r in &results {
-        eprintln!(
-            "{mode} {}: {} bytes sent, {} received, longest pause {:?}",
-            r.name, r.sent, r.received, r.longest_pause
-        );
-    }
     eprintln!(
-        "{mode}: {} attachment polls; agent down {up_gap:?} (upgrade), {back_gap:?} (rollback); \
-         program IDs {progs0:?} -> {progs1:?} -> {progs2:?}",
-        polls.load(Ordering::Relaxed)
+        "{mode}: agent down {up_gap:?} (upgrade), {back_gap:?} (rollback); \
+         program IDs {progs0:?} -> {progs1:?} -> {progs2:?}"
     );
-    for r in &results {
-        assert!(
-            r.sent > 1_000_000,
-            "{}: the stream ran ({})",
-            r.name,
-            r.sent
-        );
-        assert_eq!(r.received, r.sent, "{}: bytes lost", r.name);
-        assert!(
-            r.longest_pause <= Duration::from_secs(1),
-            "{}: paused {:?}",
-            r.name,
-            r.longest_pause
-        );
-    }
-    assert!(polls.load(Ordering::Relaxed) > 300, "the poller ran");
-    assert!(missing.is_empty(), "programs missing at times: {missing:?}");
+    sc.finish(mode, 300);
     assert_eq!(before, upgraded, "state before and after the upgrade");
     assert_eq!(before, after, "state before and after the rollback");
 }
