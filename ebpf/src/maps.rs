@@ -7,17 +7,24 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use rivet_common::{
-    COUNTERS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey, EventConfig,
-    HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX, NAT_MAX, NAT_PODS_MAX,
-    NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PEERS_MAX,
-    PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig, SockRevKey, SockRevTarget,
-    StatsEntry, nat_config_flags, nat_pod_slot,
+    COUNTERS_MAX, ENDPOINT_SLOTS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey,
+    EndpointSlot, EventConfig, HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX,
+    NAT_MAX, NAT_PODS_MAX, NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey,
+    NodeConfig, PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig,
+    SockRevKey, SockRevTarget, StatsEntry, nat_config_flags, nat_pod_slot,
 };
 
 /// Pods on this node, by IPv4 address.
 #[map]
 pub static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> =
     HashMap::with_max_entries(ENDPOINTS_MAX, 0);
+
+/// A direct-mapped cache of `ENDPOINTS` indexed by the address's low
+/// bits: an array lookup the verifier inlines (a few instructions) where
+/// the hash costs a helper call and a jhash. A slot that does not name the
+/// address looked up sends the lookup to `ENDPOINTS`, the truth.
+#[map]
+pub static ENDPOINT_SLOTS: Array<EndpointSlot> = Array::with_max_entries(ENDPOINT_SLOTS_MAX, 0);
 
 /// Addresses that belong to the node itself.
 #[map]
@@ -195,6 +202,17 @@ pub fn no_masquerade(addr: u32) -> bool {
 /// The endpoint owning `addr`, if it is a local pod.
 #[inline(always)]
 pub fn endpoint(addr: u32) -> Option<&'static EndpointInfo> {
+    // The agent writes a slot after the hash entry and clears it before
+    // removing the entry, so a slot naming `addr` is that entry's copy. (A
+    // slot rewritten concurrently could be read half old, half new; the
+    // agent only ever rewrites an empty slot or the same address's.)
+    if let Some(slot) = ENDPOINT_SLOTS.get(rivet_common::endpoint_slot(addr))
+        && slot.addr == addr
+        && addr != 0
+        && slot.info.ifindex != 0
+    {
+        return Some(&slot.info);
+    }
     // SAFETY: entries are only replaced whole by the agent (BPF_ANY update of
     // a preallocated hash); a concurrent update can at worst make us read the
     // old or the new value, both valid endpoints.

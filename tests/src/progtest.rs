@@ -14,8 +14,8 @@ use aya::{
     programs::{SchedClassifier, TestRun as _, TestRunOptions},
 };
 use rivet_common::{
-    Counter, EndpointInfo, EndpointKey, NodeConfig, PeerInfo, RouteInfo, StatsEntry, config_flags,
-    endpoint_flags, ipv4_key,
+    Counter, EndpointInfo, EndpointKey, EndpointSlot, NodeConfig, PeerInfo, RouteInfo, StatsEntry,
+    config_flags, endpoint_flags, endpoint_slot, ipv4_key,
 };
 
 use crate::{
@@ -45,6 +45,16 @@ pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 9, 10);
 pub const ELSEWHERE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
 pub const BCAST: [u8; 6] = [0xff; 6];
+
+/// `p`'s `ENDPOINTS` value.
+pub fn endpoint_info(p: PodSide, flags: u32) -> EndpointInfo {
+    EndpointInfo {
+        ifindex: p.host_ifindex,
+        flags,
+        mac: p.mac,
+        host_mac: p.host_mac,
+    }
+}
 
 /// A pod as the datapath knows it.
 #[derive(Clone, Copy, Debug)]
@@ -168,22 +178,56 @@ pub fn with_harness_nat_max(nat_max: u32, f: impl FnOnce(&mut Harness) + Send) {
 }
 
 impl Harness {
+    /// `p` as the agent writes a pod: its `ENDPOINTS` entry and its slot in
+    /// the endpoint cache.
     pub fn put_endpoint(&mut self, p: PodSide) {
+        self.write_endpoint(p, endpoint_flags::READY);
+    }
+
+    /// `p` in `ENDPOINTS` only: its cache slot left as it is (another
+    /// address in it, or empty), as for a colliding address.
+    pub fn put_endpoint_hash_only(&mut self, p: PodSide) {
         let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
             HashMap::try_from(self.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
         eps.insert(
             EndpointKey {
                 addr: ipv4_key(p.ip.octets()),
             },
-            EndpointInfo {
-                ifindex: p.host_ifindex,
-                flags: endpoint_flags::READY,
-                mac: p.mac,
-                host_mac: p.host_mac,
-            },
+            endpoint_info(p, endpoint_flags::READY),
             0,
         )
         .expect("insert endpoint");
+    }
+
+    /// Writes the endpoint cache slot of `addr` as holding `addr` → `info`
+    /// (or any other content: tests of the cache itself).
+    pub fn put_endpoint_slot(&mut self, addr: Ipv4Addr, slot: EndpointSlot) {
+        let mut slots: Array<&mut MapData, EndpointSlot> =
+            Array::try_from(self.ebpf.map_mut("ENDPOINT_SLOTS").expect("map")).expect("array");
+        slots
+            .set(endpoint_slot(ipv4_key(addr.octets())), slot, 0)
+            .expect("endpoint slot");
+    }
+
+    fn write_endpoint(&mut self, p: PodSide, flags: u32) {
+        let info = endpoint_info(p, flags);
+        let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
+            HashMap::try_from(self.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
+        eps.insert(
+            EndpointKey {
+                addr: ipv4_key(p.ip.octets()),
+            },
+            info,
+            0,
+        )
+        .expect("insert endpoint");
+        self.put_endpoint_slot(
+            p.ip,
+            EndpointSlot {
+                addr: ipv4_key(p.ip.octets()),
+                info,
+            },
+        );
     }
 
     /// Writes the node configuration.
@@ -441,21 +485,7 @@ impl Harness {
     /// `container_port`, and the endpoint marked as having hostPorts — what
     /// the agent writes for a pod's portMappings.
     pub fn put_hostport(&mut self, host_port: u16, pod: PodSide, container_port: u16) {
-        let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
-            HashMap::try_from(self.ebpf.map_mut("ENDPOINTS").expect("map")).expect("hash");
-        eps.insert(
-            EndpointKey {
-                addr: ipv4_key(pod.ip.octets()),
-            },
-            EndpointInfo {
-                ifindex: pod.host_ifindex,
-                flags: endpoint_flags::READY | endpoint_flags::HOSTPORTS,
-                mac: pod.mac,
-                host_mac: pod.host_mac,
-            },
-            0,
-        )
-        .expect("endpoint");
+        self.write_endpoint(pod, endpoint_flags::READY | endpoint_flags::HOSTPORTS);
         let mut hp: HashMap<&mut MapData, rivet_common::HostPortKey, rivet_common::HostPortTarget> =
             HashMap::try_from(self.ebpf.map_mut("HOSTPORTS").expect("map")).expect("hash");
         hp.insert(

@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 
 use aya::maps::{Array, MapData};
-use rivet_common::{Counter, NodeConfig, program_names};
+use rivet_common::{Counter, EndpointSlot, NodeConfig, program_names};
 use rivet_tests::{
     packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Ipv4, arp, eth, frame, ipv4_checksum_ok},
     progtest::*,
@@ -177,6 +177,104 @@ fn local_pod_is_reached_with_redirect_peer() {
             Counter::FwdLocal,
         );
         assert_eq!(&out[0..6], &a.mac);
+    });
+}
+
+/// The endpoint cache (`ENDPOINT_SLOTS`) is only a cache: a slot that names
+/// another address sends the lookup to `ENDPOINTS`, an empty slot too, and
+/// an address whose slot holds it is served from the slot.
+#[test]
+fn endpoint_cache_slots_fall_back_to_the_hash() {
+    with_harness(|h| {
+        let (a, b) = (h.a, h.b);
+        // B's slot taken by a colliding address (10.77.1.3: same low bits)
+        // that belongs to A's veth: B must still be found through the hash,
+        // and packets to B must go to B, not to the slot's holder.
+        let collider = Ipv4Addr::new(10, 77, 1, 3);
+        assert_eq!(
+            rivet_common::endpoint_slot(rivet_common::ipv4_key(collider.octets())),
+            rivet_common::endpoint_slot(rivet_common::ipv4_key(b.ip.octets()))
+        );
+        let holder = PodSide { ip: collider, ..a };
+        h.put_endpoint_slot(
+            collider,
+            EndpointSlot {
+                addr: rivet_common::ipv4_key(collider.octets()),
+                info: endpoint_info(holder, rivet_common::endpoint_flags::READY),
+            },
+        );
+        h.put_endpoint_hash_only(b);
+        let out = h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(a, &Ipv4::new(a.ip, b.ip)),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        assert_eq!(
+            &out[0..6],
+            &b.mac,
+            "delivered to B (the hash), not the holder"
+        );
+        // B's own packets pass the anti-spoof check through the hash.
+        h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(b, &Ipv4::new(b.ip, a.ip)),
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        // The slot's holder is trusted for itself: its address from A's
+        // veth with A's MAC passes the anti-spoof check (it is in the slot
+        // only, as after a crash between the agent's two writes no slot is
+        // ever ahead of its entry; here the test wrote it by hand).
+        h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(a, &Ipv4::new(collider, b.ip)),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        // An empty slot: A found through the hash as well.
+        h.put_endpoint_slot(
+            a.ip,
+            EndpointSlot {
+                addr: 0,
+                info: endpoint_info(a, 0),
+            },
+        );
+        let out = h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(b, &Ipv4::new(b.ip, a.ip)),
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        assert_eq!(&out[0..6], &a.mac);
+        // A slot holding B with a wrong MAC (what the slot says is what the
+        // datapath believes): B's real frames are dropped as spoofed —
+        // proof that the slot, not the hash, served the lookup.
+        h.put_endpoint(b);
+        h.put_endpoint_slot(
+            b.ip,
+            EndpointSlot {
+                addr: rivet_common::ipv4_key(b.ip.octets()),
+                info: endpoint_info(
+                    PodSide {
+                        mac: [0x02, 7, 7, 7, 7, 7],
+                        ..b
+                    },
+                    rivet_common::endpoint_flags::READY,
+                ),
+            },
+        );
+        h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(b, &Ipv4::new(b.ip, a.ip)),
+            b.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropSpoofedMac,
+        );
     });
 }
 

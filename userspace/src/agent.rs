@@ -262,6 +262,11 @@ impl Agent {
         endpoints
             .reconcile(&nl, &mut dp, Reattach::All, &keep_links(&cfg), &local, None)
             .await?;
+        // The endpoint cache after the entries it copies.
+        let slots = dp.sync_endpoint_slots()?;
+        if slots > 0 {
+            tracing::info!(slots, "endpoint cache slots rewritten from ENDPOINTS");
+        }
         tracing::info!(
             node = %cfg.node_name,
             mode = cfg.mode.as_str(),

@@ -23,15 +23,27 @@ use aya::{
 };
 use ipnet::Ipv4Net;
 use rivet_common::{
-    COUNTERS_MAX, Counter, EndpointInfo, EndpointKey, HostPortKey, HostPortTarget, NatConfig,
-    NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig, PeerInfo, RouteInfo, SockConfig,
-    SockRevKey, SockRevTarget, StatsEntry, ipv4_from_key, ipv4_key, map_names, program_names,
+    COUNTERS_MAX, Counter, ENDPOINT_SLOTS_MAX, EndpointInfo, EndpointKey, EndpointSlot,
+    HostPortKey, HostPortTarget, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey, NodeConfig,
+    PeerInfo, RouteInfo, SockConfig, SockRevKey, SockRevTarget, StatsEntry, ipv4_from_key,
+    ipv4_key, map_names, program_names,
 };
 
 use crate::{
     config::MapLimits,
     nlbatch::BpfFilter,
     pins::{Hook, PinError, PinLayout, remove_file_if_exists},
+};
+
+/// An empty endpoint cache slot.
+const EMPTY_SLOT: EndpointSlot = EndpointSlot {
+    addr: 0,
+    info: EndpointInfo {
+        ifindex: 0,
+        flags: 0,
+        mac: [0; 6],
+        host_mac: [0; 6],
+    },
 };
 
 /// The eBPF object built by `build.rs` from `ebpf/`.
@@ -266,7 +278,13 @@ fn insert_err<'a>(
 }
 
 /// What the object defines for each pinned map: (name, type, key size, value size).
-const MAP_LAYOUTS: [(&str, MapType, usize, usize); 17] = [
+const MAP_LAYOUTS: [(&str, MapType, usize, usize); 18] = [
+    (
+        map_names::ENDPOINT_SLOTS,
+        MapType::Array,
+        size_of::<u32>(),
+        size_of::<EndpointSlot>(),
+    ),
     (
         map_names::SOCK_CONFIG,
         MapType::Array,
@@ -913,20 +931,123 @@ impl Datapath {
         HashMap::try_from(map).map_err(map_err(name))
     }
 
-    /// Inserts or replaces the endpoint for `ip`.
+    fn endpoint_slots_mut(&mut self) -> Result<Array<&mut MapData, EndpointSlot>, DatapathError> {
+        let name = map_names::ENDPOINT_SLOTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        Array::try_from(map).map_err(map_err(name))
+    }
+
+    /// Inserts or replaces the endpoint for `ip`: the `ENDPOINTS` entry
+    /// (the truth), then its cache slot if the slot is free or already
+    /// holds `ip` (another address in it keeps it; `ip` is then found
+    /// through the hash).
     pub fn put_endpoint(&mut self, ip: Ipv4Addr, info: EndpointInfo) -> Result<(), DatapathError> {
         let key = EndpointKey {
             addr: ipv4_key(ip.octets()),
         };
         let done = self.endpoints_mut()?.insert(key, info, 0);
-        done.map_err(insert_err(&self.ebpf, map_names::ENDPOINTS))
+        done.map_err(insert_err(&self.ebpf, map_names::ENDPOINTS))?;
+        let index = rivet_common::endpoint_slot(key.addr);
+        let mut slots = self.endpoint_slots_mut()?;
+        let held = slots
+            .get(&index, 0)
+            .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+        if held.addr == 0 || held.addr == key.addr {
+            slots
+                .set(
+                    index,
+                    EndpointSlot {
+                        addr: key.addr,
+                        info,
+                    },
+                    0,
+                )
+                .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+        }
+        Ok(())
     }
 
-    /// Removes the endpoint for `ip`; false if there was none.
+    /// Empties `ip`'s cache slot if it holds `ip`.
+    fn clear_endpoint_slot(&mut self, addr: u32) -> Result<(), DatapathError> {
+        let index = rivet_common::endpoint_slot(addr);
+        let mut slots = self.endpoint_slots_mut()?;
+        let held = slots
+            .get(&index, 0)
+            .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+        if held.addr == addr {
+            slots
+                .set(index, EMPTY_SLOT, 0)
+                .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the endpoint cache agree with `ENDPOINTS` (at start: slots of
+    /// a crash between the two writes, of an upgrade from an agent without
+    /// the cache, or of entries removed while no agent ran). Returns the
+    /// number of slots rewritten.
+    pub fn sync_endpoint_slots(&mut self) -> Result<usize, DatapathError> {
+        let live: std::collections::HashMap<u32, EndpointInfo> = self
+            .list_endpoints()?
+            .into_iter()
+            .map(|(ip, info)| (ipv4_key(ip.octets()), info))
+            .collect();
+        // The first live address of each slot, for slots whose holder is gone.
+        let mut first = vec![EMPTY_SLOT; ENDPOINT_SLOTS_MAX as usize];
+        for (&addr, &info) in &live {
+            let slot = &mut first[rivet_common::endpoint_slot(addr) as usize];
+            if slot.addr == 0 || addr < slot.addr {
+                *slot = EndpointSlot { addr, info };
+            }
+        }
+        let mut slots = self.endpoint_slots_mut()?;
+        let mut rewritten = 0;
+        for (index, first) in (0..ENDPOINT_SLOTS_MAX).zip(first) {
+            let held = slots
+                .get(&index, 0)
+                .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+            // A live holder keeps its slot (refreshed); otherwise the first
+            // live address of the slot, or empty.
+            let want = match live.get(&held.addr) {
+                Some(&info) if held.addr != 0 => EndpointSlot {
+                    addr: held.addr,
+                    info,
+                },
+                _ => first,
+            };
+            if held != want {
+                slots
+                    .set(index, want, 0)
+                    .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+                rewritten += 1;
+            }
+        }
+        Ok(rewritten)
+    }
+
+    /// The endpoint cache slot of `ip`: what it holds (tests, status).
+    pub fn endpoint_slot(&self, ip: Ipv4Addr) -> Result<EndpointSlot, DatapathError> {
+        let name = map_names::ENDPOINT_SLOTS;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+        let slots: Array<&MapData, EndpointSlot> = Array::try_from(map).map_err(map_err(name))?;
+        slots
+            .get(&rivet_common::endpoint_slot(ipv4_key(ip.octets())), 0)
+            .map_err(map_err(name))
+    }
+
+    /// Removes the endpoint for `ip` (its cache slot first, so the datapath
+    /// never finds a slot without its entry); false if there was none.
     pub fn remove_endpoint(&mut self, ip: Ipv4Addr) -> Result<bool, DatapathError> {
         let key = EndpointKey {
             addr: ipv4_key(ip.octets()),
         };
+        self.clear_endpoint_slot(key.addr)?;
         match self.endpoints_mut()?.remove(&key) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),

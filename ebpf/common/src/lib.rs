@@ -57,9 +57,14 @@ pub mod map_names {
     /// [`crate::EndpointKey`] (the sending pod) → `u64`, the bucket's
     /// theoretical arrival time (see [`crate::tunable::FRAG_RATE`]).
     pub const FRAG_BUDGET: &str = "FRAG_BUDGET";
+    /// Direct-mapped cache of [`ENDPOINTS`] (array):
+    /// [`crate::endpoint_slot`] index → [`crate::EndpointSlot`]. The hash
+    /// map stays the truth; a slot is only trusted when it names the address
+    /// looked up.
+    pub const ENDPOINT_SLOTS: &str = "ENDPOINT_SLOTS";
 
     /// Every map the agent pins.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 20] = [
         ENDPOINTS,
         STATS,
         CONFIG,
@@ -79,6 +84,7 @@ pub mod map_names {
         NAT_LIMITS,
         TUNABLES,
         FRAG_BUDGET,
+        ENDPOINT_SLOTS,
     ];
 }
 
@@ -113,6 +119,19 @@ pub mod program_names {
 
 /// Capacity of the endpoints map (pods per node).
 pub const ENDPOINTS_MAX: u32 = 16_384;
+/// Slots of the endpoint cache (a power of two): a node's pod subnet up to
+/// /18 maps one address per slot, without collisions.
+pub const ENDPOINT_SLOTS_MAX: u32 = 16_384;
+const _: () = assert!(ENDPOINT_SLOTS_MAX.is_power_of_two());
+
+/// The [`map_names::ENDPOINT_SLOTS`] index of the wire-order address `addr`:
+/// its low host-order bits, so consecutive pod addresses take consecutive
+/// slots.
+#[inline(always)]
+pub fn endpoint_slot(addr: u32) -> u32 {
+    u32::from_be(addr) & (ENDPOINT_SLOTS_MAX - 1)
+}
+
 /// Capacity of the node-local address map.
 pub const LOCAL_ADDRS_MAX: u32 = 256;
 /// Capacity of the routes map (remote pod subnets).
@@ -267,6 +286,18 @@ pub struct EndpointInfo {
     pub mac: [u8; 6],
     /// MAC of the host-side veth: the pod's gateway MAC.
     pub host_mac: [u8; 6],
+}
+
+/// One slot of the endpoint cache: the address it holds (0: empty) and a
+/// copy of its [`EndpointInfo`]. Written by the agent after the
+/// `ENDPOINTS` entry and cleared before it is removed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointSlot {
+    /// The address held, wire order; 0 when the slot is empty.
+    pub addr: u32,
+    /// Its endpoint, as in `ENDPOINTS`.
+    pub info: EndpointInfo,
 }
 
 /// Bits of [`EndpointInfo::flags`].
@@ -792,6 +823,8 @@ mod pod {
     // SAFETY: see above.
     unsafe impl aya::Pod for super::EndpointInfo {}
     // SAFETY: see above.
+    unsafe impl aya::Pod for super::EndpointSlot {}
+    // SAFETY: see above.
     unsafe impl aya::Pod for super::NodeConfig {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::StatsEntry {}
@@ -828,6 +861,7 @@ mod pod {
 // No implicit padding: the sizes are the sums of the fields.
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 4);
 const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 4 + 4 + 6 + 6);
+const _: () = assert!(core::mem::size_of::<EndpointSlot>() == 4 + 20);
 const _: () = assert!(core::mem::size_of::<NodeConfig>() == 10 * 4 + 12);
 const _: () = assert!(core::mem::size_of::<RouteInfo>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerInfo>() == 16);
@@ -865,6 +899,15 @@ mod tests {
     fn drops_are_drops() {
         assert!(!Counter::FwdLocal.is_drop());
         assert!(Counter::DropSpoofedIp.is_drop());
+    }
+
+    #[test]
+    fn endpoint_slots_follow_the_low_host_bits() {
+        assert_eq!(endpoint_slot(ipv4_key([10, 244, 1, 2])), 0x0102);
+        assert_eq!(endpoint_slot(ipv4_key([10, 244, 1, 3])), 0x0103);
+        // A /18 maps without collisions; the next /18 wraps around.
+        assert_eq!(endpoint_slot(ipv4_key([10, 244, 63, 255])), 0x3fff);
+        assert_eq!(endpoint_slot(ipv4_key([10, 244, 64, 0])), 0);
     }
 
     #[test]
