@@ -153,13 +153,18 @@ impl Report {
                     continue;
                 };
                 let (min, max) = series.spread();
-                let ratio = base.map_or(f64::NAN, |b| series.median() / b);
-                let paired = by_variant
-                    .get(&self.baseline)
-                    .map_or(f64::NAN, |b| paired_ratio(series, b));
+                // A metric measured without the baseline variant (e.g. the
+                // live rows of prog-cost) has no ratio: "–", not NaN.
+                let cell = |r: Option<f64>| r.map_or_else(|| "–".to_owned(), |r| format!("{r:.3}"));
+                let ratio = cell(base.map(|b| series.median() / b));
+                let paired = cell(
+                    by_variant
+                        .get(&self.baseline)
+                        .map(|b| paired_ratio(series, b)),
+                );
                 let _ = writeln!(
                     s,
-                    "| {v} | {:.3} | {min:.3} | {max:.3} | {} | {ratio:.3} | {paired:.3} |",
+                    "| {v} | {:.3} | {min:.3} | {max:.3} | {} | {ratio} | {paired} |",
                     series.median(),
                     series.samples.len()
                 );
@@ -398,6 +403,15 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| gbps (higher is better) |"), "{md}");
+        // A metric the baseline variant lacks: no ratio, shown as such.
+        r.variants.push("live".into());
+        r.add("live_gbps", "live", 1.0);
+        let md = r.markdown();
+        assert!(
+            md.contains("| live | 1.000 | 1.000 | 1.000 | 1 | – | – |"),
+            "{md}"
+        );
+        assert!(!md.contains("NaN"), "{md}");
     }
 
     #[test]
