@@ -836,7 +836,67 @@ fn live(opts: &Options, r: &mut Report) {
             }
         }
     }
+    // Small UDP datagrams (no GSO, no GRO): one program run per wire
+    // packet, hot caches — the per-packet cost of the forwarding paths as
+    // a node runs them, next to the single-run figures above.
+    let udp_probes: [Probe<'_>; 2] = [
+        ("udp64_samenode_from_pod", &same, n, program_names::FROM_POD),
+        (
+            "udp64_vxlan_sender_from_pod_encap",
+            &cross,
+            nodes[0],
+            program_names::FROM_POD,
+        ),
+    ];
+    for round in 0..=opts.rounds {
+        for (probe, client, server, ip) in [
+            (
+                &udp_probes[0],
+                &same.pods[sa].ns,
+                &same.pods[sb].ns,
+                same.pods[sb].ip,
+            ),
+            (
+                &udp_probes[1],
+                &cross.pods[ca].ns,
+                &cross.pods[cb].ns,
+                cross.pods[cb].ip,
+            ),
+        ] {
+            progress(&format!(
+                "prog-cost: live {} round {round}/{}",
+                probe.0, opts.rounds
+            ));
+            let (name, w, node, p) = *probe;
+            let before = prog_stats(w, node, p);
+            let t = if round == 0 { 1 } else { secs };
+            let srv = iperf3_server(server, 5202, Some(1));
+            udp_flood(client, ip, 5202, t);
+            drop(srv);
+            let after = prog_stats(w, node, p);
+            if round == 0 {
+                continue;
+            }
+            let (ns, cnt) = (after.0 - before.0, after.1 - before.1);
+            assert!(
+                cnt > 0,
+                "{name}: the program did not run during the UDP flood"
+            );
+            let per_run = format!("live_{name}_ns_per_run");
+            r.better.insert(per_run.clone(), "lower".into());
+            r.add(&per_run, "live", ns as f64 / cnt as f64);
+            r.add(
+                &format!("live_{name}_runs_per_s"),
+                "live",
+                cnt as f64 / f64::from(t),
+            );
+        }
+    }
     drop(stats);
+    r.notes.push(format!(
+        "live_udp64_*: the same statistics over iperf3 UDP with 64-byte datagrams at full rate (-u -b 0 -l 64, client CPU 0, {secs} s, {} rounds after a warm-up): no GSO, so ns per run is per wire packet with hot caches (the statistics' two clock reads included); samenode = local redirect, vxlan sender = encapsulation + FIB + redirect",
+        opts.rounds
+    ));
     r.notes.push(format!(
         "live_*: kernel BPF statistics (BPF_ENABLE_STATS, on only while measuring) over an iperf3 single stream of {secs} s, client CPU 0, server CPU 1, {} rounds after a warm-up: run_time_ns / run_cnt of each program — one run per skb, and a GSO/GRO skb carries up to 64 KB, so ns per run is per skb, not per wire packet; *_runs_per_s gives the skb rate. The statistics add two clock reads per run, inside run_time_ns",
         opts.rounds
@@ -844,6 +904,35 @@ fn live(opts: &Options, r: &mut Report) {
     r.notes.push("live same-node: rivetd, two pods on one node (from_pod sees the data one way and the ACKs the other way, both bpf_redirect_peer); live vxlan: two rivetd nodes (static cluster, vxlan) — sender from_pod encapsulates the data, receiver from_uplink decapsulates it, and the ACKs go the other way".into());
     drop(cross);
     drop(same);
+}
+
+/// iperf3 UDP, 64-byte datagrams, unlimited rate, from `client` to
+/// `dst:port` for `secs` s; retries while the server is starting.
+fn udp_flood(client: &crate::Netns, dst: Ipv4Addr, port: u16, secs: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (dst, port, secs) = (dst.to_string(), port.to_string(), secs.to_string());
+    loop {
+        let out = client.output(
+            "iperf3",
+            &[
+                "-c", &dst, "-p", &port, "-u", "-b", "0", "-l", "64", "-t", &secs, "-A", "0", "-J",
+            ],
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if json["end"]["sum"]["packets"]
+            .as_u64()
+            .is_some_and(|p| p > 0)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "iperf3 -u to {dst}:{port} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 // ---------------------------------------------------------------------------
