@@ -886,6 +886,7 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
         (&mut stream).take(MAX_MESSAGE).read_to_end(&mut body),
     )
     .await;
+    let read_ms = started.elapsed().as_secs_f64() * 1e3;
     let response = match read {
         Err(_) => Response::Error(ApiError::new(
             ErrorKind::BadRequest,
@@ -900,11 +901,14 @@ async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::i
             Err(e) => Response::Error(e),
         },
     };
+    let handled_ms = started.elapsed().as_secs_f64() * 1e3;
     let bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
     stream.write_all(&bytes).await?;
     stream.shutdown().await?;
     tracing::debug!(
         ms = started.elapsed().as_secs_f64() * 1e3,
+        read_ms,
+        handled_ms,
         "API request answered"
     );
     Ok(())

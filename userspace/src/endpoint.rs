@@ -354,19 +354,80 @@ where
     .map_err(|e| EndpointError::Other(format!("netns worker: {e}")))??
 }
 
-/// Configures the pod end from a thread inside the pod's namespace: IPv6
-/// off, then one netlink batch (lo up, address, link up, gateway route,
-/// default route, extra routes). `index` is the pod end's ifindex when the
-/// host end told it (`IFLA_LINK`); otherwise the pod end is looked up and
-/// its MAC returned for the caller to check.
-fn configure_pod_side(
-    ifname: &str,
-    index: Option<u32>,
+/// The pod end's half of ADD, on a fresh thread inside the pod's namespace
+/// started before the veth exists: its thread start, namespace switch and
+/// netlink socket overlap the veth creation. It then waits for the veth
+/// ([`PodSide::configure`]), writes the pod end's IPv6 sysctls, reports
+/// them done, waits for the host end's sysctls ([`PodSide::proceed`]) and
+/// sends one netlink batch (lo up, address, link up, gateway route, default
+/// route, extra routes). The sysctls of both ends are written before either
+/// batch: `disable_ipv6` takes RTNL by trylock and restarts the write until
+/// it gets it, and a write spinning beside the other end's batch made the
+/// tail (both 10-20 ms on a loaded machine). Dropping it (a failed ADD)
+/// ends the thread at its next wait.
+struct PodSide {
+    configure: std::sync::mpsc::Sender<Option<u32>>,
+    proceed: std::sync::mpsc::Sender<()>,
+    sysctls_done: tokio::sync::oneshot::Receiver<()>,
+    done: tokio::sync::oneshot::Receiver<Result<Option<[u8; 6]>, EndpointError>>,
+}
+
+/// What the pod side needs to know about the pod.
+struct PodPlan {
+    ifname: String,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
-    routes: &[Ipv4Net],
+    routes: Vec<Ipv4Net>,
+}
+
+impl PodSide {
+    /// Starts the thread inside the namespace `netns`.
+    fn start(netns: std::fs::File, plan: PodPlan) -> Result<Self, EndpointError> {
+        let (configure, configure_rx) = std::sync::mpsc::channel();
+        let (proceed, proceed_rx) = std::sync::mpsc::channel();
+        let (sysctls_tx, sysctls_done) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let spawned = std::time::Instant::now();
+        std::thread::Builder::new()
+            .name("rivet-pod-side".into())
+            .spawn(move || {
+                // The thread exits afterwards: its namespace never leaks.
+                let result = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| EndpointError::Other(format!("setns into the pod netns: {e}")))
+                    .and_then(|()| {
+                        configure_pod_side(&plan, spawned, &configure_rx, sysctls_tx, &proceed_rx)
+                    });
+                let _ = done_tx.send(result);
+            })
+            .map_err(|e| EndpointError::Other(format!("starting the pod netns thread: {e}")))?;
+        Ok(Self {
+            configure,
+            proceed,
+            sysctls_done,
+            done,
+        })
+    }
+}
+
+/// The body of the [`PodSide`] thread. `index` (sent once the veth exists)
+/// is the pod end's ifindex when the host end told it (`IFLA_LINK`);
+/// otherwise the pod end is looked up and its MAC returned for the caller
+/// to check.
+fn configure_pod_side(
+    plan: &PodPlan,
     spawned: std::time::Instant,
+    configure: &std::sync::mpsc::Receiver<Option<u32>>,
+    sysctls_done: tokio::sync::oneshot::Sender<()>,
+    proceed: &std::sync::mpsc::Receiver<()>,
 ) -> Result<Option<[u8; 6]>, EndpointError> {
+    let abandoned = || EndpointError::Other("ADD abandoned before the pod side ran".into());
+    let PodPlan {
+        ifname,
+        ip,
+        gateway,
+        routes,
+    } = plan;
+    let (ip, gateway) = (*ip, *gateway);
     let mut timeline = Timeline {
         last: spawned,
         steps: Vec::new(),
@@ -375,6 +436,8 @@ fn configure_pod_side(
     let mut nl = SyncNetlink::open()
         .map_err(|e| EndpointError::Other(format!("netlink socket in the pod netns: {e}")))?;
     timeline.mark("socket");
+    let index = configure.recv().map_err(|_| abandoned())?;
+    timeline.mark("wait_veth");
     let (index, mac) = match index {
         Some(index) => (index, None),
         None => {
@@ -387,6 +450,9 @@ fn configure_pod_side(
     };
     disable_ipv6(ifname);
     timeline.mark("sysctls");
+    let _ = sysctls_done.send(());
+    proceed.recv().map_err(|_| abandoned())?;
+    timeline.mark("wait_host");
     let mut batch = Batch::new();
     batch
         .set_up(LOOPBACK_IFINDEX, "lo")
@@ -770,6 +836,7 @@ impl Endpoints {
         dp: &mut Datapath,
         local: &HashSet<Ipv4Addr>,
     ) -> Result<Endpoint, EndpointError> {
+        let mut timeline = Timeline::start();
         self.generation += 1;
         self.validate(&spec, local)?;
         let netns_path = PathBuf::from(&spec.netns);
@@ -808,7 +875,10 @@ impl Endpoints {
         };
 
         let mut rollback = Rollback::default();
-        let result = self.plumb(record, netns_file, nl, dp, &mut rollback).await;
+        timeline.mark("prepare");
+        let result = self
+            .plumb(record, netns_file, nl, dp, &mut rollback, timeline)
+            .await;
         match result {
             Ok(ep) => Ok(ep),
             Err(e) => {
@@ -871,9 +941,9 @@ impl Endpoints {
         nl: &Netlink,
         dp: &mut Datapath,
         rollback: &mut Rollback,
+        mut timeline: Timeline,
     ) -> Result<Endpoint, EndpointError> {
         let host = ep.host_ifname.clone();
-        let mut timeline = Timeline::start();
         // The lease: recorded (on the blocking pool, while the veth is being
         // created) before the ADD can succeed. A crash of the agent keeps it
         // (page cache); a crash of the machine takes the veth and the pod
@@ -886,6 +956,18 @@ impl Endpoints {
             let (store, key, record) = (self.store.clone(), host.clone(), ep.clone());
             tokio::task::spawn_blocking(move || store.save_volatile(&key, &record))
         };
+        // The pod side's thread starts now, beside the veth creation.
+        let mut pod_side = PodSide::start(
+            netns_file
+                .try_clone()
+                .map_err(|e| EndpointError::Other(format!("duplicating the netns fd: {e}")))?,
+            PodPlan {
+                ifname: ep.ifname.clone(),
+                ip: ep.ip,
+                gateway: ep.gateway,
+                routes: parse_routes(&ep.routes)?,
+            },
+        )?;
         let pod_mac = pod_mac_for(ep.ip);
         let created = self.create_veth(&ep, &netns_file, pod_mac, nl).await;
         timeline.mark("veth");
@@ -900,6 +982,9 @@ impl Endpoints {
             .ok_or_else(|| EndpointError::Other(format!("veth {host} vanished after creation")))?;
         self.step("after_veth", &mut timeline)?;
 
+        // The pod end's sysctls start now, beside the map entry.
+        let _ = pod_side.configure.send(host_link.link);
+
         // The map entry before the program: `from_pod` must find it.
         dp.put_endpoint(
             ep.ip,
@@ -913,30 +998,14 @@ impl Endpoints {
         rollback.map_ip = Some(ep.ip);
         self.step("after_map", &mut timeline)?;
 
-        // The host side and the pod side run concurrently, each one netlink
-        // batch. In tc mode the program is attached in the host side's.
-        // The host end's IPv6 sysctls come first, before the pod side
-        // starts: `disable_ipv6` takes RTNL by trylock and restarts the
-        // write until it gets it, and overlapping the sysctls with the other
-        // side's batch gave a much worse tail (agent p90 5 -> 15+ ms on a
-        // loaded machine). The pod side runs on a fresh thread inside the
-        // pod's namespace while this thread sends the host batch. (Measured
-        // alternatives: both on this thread in turn, or the pod side on a
-        // long-lived worker that switches namespaces, were no faster: the
-        // two sides contend for RTNL anyway.) The pod end's ifindex comes
-        // from the host end (`IFLA_LINK`), so the pod side need not look it
-        // up.
-        let routes = parse_routes(&ep.routes)?;
-        let (ifname, ip, gateway, pod_index) =
-            (ep.ifname.clone(), ep.ip, ep.gateway, host_link.link);
+        // Both ends' IPv6 sysctls, then both ends' netlink batches
+        // concurrently (see [`PodSide`] for why no sysctl write overlaps a
+        // batch). In tc mode the program is attached in the host side's.
         disable_ipv6(&host);
         timeline.mark("host_sysctls");
-        let spawned = std::time::Instant::now();
-        let pod_side = tokio::task::spawn_blocking(move || {
-            netns::run_in_file(&netns_file, Path::new("the pod netns"), || {
-                configure_pod_side(&ifname, pod_index, ip, gateway, &routes, spawned)
-            })
-        });
+        let _ = (&mut pod_side.sysctls_done).await;
+        timeline.mark("pod_sysctls");
+        let _ = pod_side.proceed.send(());
         let mut batch = Batch::new();
         batch
             .set_up(host_link.index, &host)
@@ -955,8 +1024,9 @@ impl Endpoints {
         let host_side = self.sync_nl.run(batch);
         timeline.mark("host_batch");
         let seen_mac = pod_side
+            .done
             .await
-            .map_err(|e| EndpointError::Other(format!("pod netns worker: {e}")))???;
+            .map_err(|e| EndpointError::Other(format!("pod netns thread: {e}")))??;
         host_side?;
         if let Some(seen_mac) = seen_mac
             && seen_mac != pod_mac
