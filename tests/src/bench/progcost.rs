@@ -823,16 +823,7 @@ fn live(opts: &Options, r: &mut Report) {
                 res.bits_per_second / 1e9,
             );
             for (((name, ..), b), a) in probes.iter().zip(&before).zip(&after) {
-                let (ns, cnt) = (a.0 - b.0, a.1 - b.1);
-                assert!(cnt > 0, "{name}: the program did not run during iperf3");
-                let per_run = format!("live_{name}_ns_per_run");
-                r.better.insert(per_run.clone(), "lower".into());
-                r.add(&per_run, "live", ns as f64 / cnt as f64);
-                r.add(
-                    &format!("live_{name}_runs_per_s"),
-                    "live",
-                    cnt as f64 / f64::from(t),
-                );
+                record_live(r, name, *b, *a, t);
             }
         }
     }
@@ -877,19 +868,7 @@ fn live(opts: &Options, r: &mut Report) {
             if round == 0 {
                 continue;
             }
-            let (ns, cnt) = (after.0 - before.0, after.1 - before.1);
-            assert!(
-                cnt > 0,
-                "{name}: the program did not run during the UDP flood"
-            );
-            let per_run = format!("live_{name}_ns_per_run");
-            r.better.insert(per_run.clone(), "lower".into());
-            r.add(&per_run, "live", ns as f64 / cnt as f64);
-            r.add(
-                &format!("live_{name}_runs_per_s"),
-                "live",
-                cnt as f64 / f64::from(t),
-            );
+            record_live(r, name, before, after, t);
         }
     }
     drop(stats);
@@ -904,6 +883,24 @@ fn live(opts: &Options, r: &mut Report) {
     r.notes.push("live same-node: rivetd, two pods on one node (from_pod sees the data one way and the ACKs the other way, both bpf_redirect_peer); live vxlan: two rivetd nodes (static cluster, vxlan) — sender from_pod encapsulates the data, receiver from_uplink decapsulates it, and the ACKs go the other way".into());
     drop(cross);
     drop(same);
+}
+
+/// Records a program's ns per run and runs per second between two
+/// (`run_time_ns`, `run_cnt`) readings `secs` apart.
+fn record_live(r: &mut Report, name: &str, before: (u64, u64), after: (u64, u64), secs: u32) {
+    let (ns, cnt) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        cnt > 0,
+        "{name}: the program did not run during the transfer"
+    );
+    let per_run = format!("live_{name}_ns_per_run");
+    r.better.insert(per_run.clone(), "lower".into());
+    r.add(&per_run, "live", ns as f64 / cnt as f64);
+    r.add(
+        &format!("live_{name}_runs_per_s"),
+        "live",
+        cnt as f64 / f64::from(secs),
+    );
 }
 
 /// iperf3 UDP, 64-byte datagrams, unlimited rate, from `client` to
