@@ -10,6 +10,13 @@
 //!
 //! `rivet-vxlan-nogro` is rivet vxlan with its idle `rivet_vxlan` device
 //! deleted: the measurement behind keeping that device (receive GRO).
+//!
+//! For investigations (not used by the suite): `RIVET_OVERLAY_VARIANTS`
+//! (comma-separated) measures only those variants (`underlay` and
+//! `kernel-vxlan` are always kept: they are the baselines), and
+//! `RIVET_OVERLAY_PERF=<dir>` records a system-wide `perf record -g`
+//! profile of every measured sample into
+//! `<dir>/<behaviour>-<variant>-<round>.data`.
 
 use std::{net::Ipv4Addr, time::Instant};
 
@@ -18,7 +25,7 @@ use ipnet::Ipv4Net;
 use super::{Options, Report, percentile, progress};
 use crate::{
     Netns, World, flannel,
-    traffic::{iperf3_client, iperf3_server, ping_times},
+    traffic::{iperf3_server, ping_times},
 };
 
 /// The variants, in display order.
@@ -61,6 +68,14 @@ fn rivet_world(mode: &str) -> (World, usize, usize) {
 /// Runs the benchmark.
 pub fn run(opts: &Options) -> Report {
     let (rounds, secs) = (opts.rounds, opts.secs);
+    let only: Option<Vec<String>> = std::env::var("RIVET_OVERLAY_VARIANTS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect());
+    let wanted = |v: &str| {
+        matches!(v, "underlay" | "kernel-vxlan")
+            || only.as_ref().is_none_or(|o| o.iter().any(|x| x == v))
+    };
+    let perf_dir = std::env::var_os("RIVET_OVERLAY_PERF").map(std::path::PathBuf::from);
     let setup = Instant::now();
     progress("overlay: building the worlds (two at a time)");
     // Independent worlds (own namespaces, prefixes and address plans),
@@ -76,6 +91,7 @@ pub fn run(opts: &Options) -> Report {
         ("rivet-native", "native"),
         ("rivet-hybrid", "hybrid"),
     ];
+    let all: Vec<_> = all.into_iter().filter(|p| wanted(p.0)).collect();
     for pair in all.chunks(2) {
         progress(&format!(
             "overlay: building {} [{:.0}s]",
@@ -119,7 +135,11 @@ pub fn run(opts: &Options) -> Report {
 
     let mut report = Report {
         name: "overlay: cross-node pod → pod".into(),
-        variants: VARIANTS.iter().map(|v| (*v).to_owned()).collect(),
+        variants: VARIANTS
+            .iter()
+            .filter(|v| wanted(v))
+            .map(|v| (*v).to_owned())
+            .collect(),
         baseline: "kernel-vxlan".into(),
         ..Default::default()
     };
@@ -130,11 +150,17 @@ pub fn run(opts: &Options) -> Report {
         report
             .better
             .insert(format!("rtt_p50_ms ({b})"), "lower".into());
+        for side in ["client", "server"] {
+            report
+                .better
+                .insert(format!("{side}_cpu_s_per_gb ({b})"), "lower".into());
+        }
     }
     report.notes.push(format!(
         "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round, per underlay behaviour (--quick: nic only)"
     ));
     let pings = opts.pick(50, 20);
+    report.notes.push("client_cpu_s_per_gb / server_cpu_s_per_gb: CPU seconds of the iperf3 client (CPU 0) and server (CPU 1) per GB received, from iperf3's own rusage — with this kernel's tick accounting that includes the softirq work done in their context, i.e. nearly the whole datapath, most of it on the client's CPU; the cost per byte, steadier than throughput on a shared machine (coarse: 250 Hz ticks)".into());
     report.notes.push(format!(
         "rtt: median of ping -c {pings} -i 0.005 reply times; --quick: the warm-up round is 10 pings, no iperf3"
     ));
@@ -145,7 +171,8 @@ pub fn run(opts: &Options) -> Report {
     // A smoke run measures the NIC-like underlay only (set up on top of
     // the veth default, so both setups run).
     let behaviours: &[&str] = opts.pick(&["veth", "nic"], &["nic"]);
-    let total = (rounds + 1) as usize * VARIANTS.len() * behaviours.len();
+    let variants: Vec<&str> = VARIANTS.into_iter().filter(|v| wanted(v)).collect();
+    let total = (rounds + 1) as usize * variants.len() * behaviours.len();
     let started = Instant::now();
     let mut done = 0;
     for &behaviour in behaviours {
@@ -156,7 +183,7 @@ pub fn run(opts: &Options) -> Report {
             }
         }
         for round in 0..=rounds {
-            for variant in VARIANTS {
+            for &variant in &variants {
                 done += 1;
                 progress(&format!(
                     "overlay ({behaviour}): round {round}/{rounds} {variant:<18} [{done}/{total}, {:.0}s]",
@@ -171,7 +198,14 @@ pub fn run(opts: &Options) -> Report {
                 }
                 let t = if round == 0 { 1 } else { secs };
                 let srv = iperf3_server(server, 5201, Some(1));
-                let res = iperf3_client(client, ip, 5201, t, 1, Some(0));
+                let perf = (round > 0)
+                    .then_some(perf_dir.as_ref())
+                    .flatten()
+                    .map(|dir| perf_record(dir, &format!("{behaviour}-{variant}-{round}"), t));
+                let res = iperf3_cpu_client(client, ip, t);
+                if let Some(mut p) = perf {
+                    let _ = p.wait();
+                }
                 drop(srv);
                 let rtt = ping_times(client, ip, pings, 0.005);
                 if round > 0 {
@@ -180,6 +214,19 @@ pub fn run(opts: &Options) -> Report {
                         variant,
                         res.bits_per_second / 1e9,
                     );
+                    if let Some((client_s, server_s)) = res.cpu_s {
+                        let gb = res.bits_per_second * f64::from(t) / 8e9;
+                        report.add(
+                            &format!("client_cpu_s_per_gb ({behaviour})"),
+                            variant,
+                            client_s / gb,
+                        );
+                        report.add(
+                            &format!("server_cpu_s_per_gb ({behaviour})"),
+                            variant,
+                            server_s / gb,
+                        );
+                    }
                     if !rtt.is_empty() {
                         report.add(
                             &format!("rtt_p50_ms ({behaviour})"),
@@ -208,4 +255,60 @@ pub fn run(opts: &Options) -> Report {
         teardown.elapsed().as_secs_f64()
     );
     report
+}
+
+/// `perf record -a -g` for most of one sample (started with the client,
+/// stopping a little before it so the profile holds only the transfer).
+fn perf_record(dir: &std::path::Path, name: &str, secs: u32) -> std::process::Child {
+    let _ = std::fs::create_dir_all(dir);
+    let out = dir.join(format!("{name}.data"));
+    std::process::Command::new("perf")
+        .args(["record", "-q", "-a", "-g", "-o"])
+        .arg(&out)
+        .args(["--", "sleep", &secs.saturating_sub(1).max(1).to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("perf record: {e}"))
+}
+
+/// One iperf3 sample: throughput and CPU cost.
+struct Sample {
+    bits_per_second: f64,
+    /// Client and server CPU seconds (iperf3's `cpu_utilization_percent`).
+    cpu_s: Option<(f64, f64)>,
+}
+
+/// `iperf3 -c` from `ns` (client on CPU 0, one stream, JSON), retried while
+/// the server starts; like `traffic::iperf3_client` but also reading
+/// iperf3's CPU figures.
+fn iperf3_cpu_client(ns: &Netns, dst: Ipv4Addr, secs: u32) -> Sample {
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let (dst_s, secs_s) = (dst.to_string(), secs.to_string());
+    loop {
+        let out = ns.output(
+            "iperf3",
+            &["-c", &dst_s, "-p", "5201", "-t", &secs_s, "-J", "-A", "0"],
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            let cpu = &json["end"]["cpu_utilization_percent"];
+            let cpu_s = cpu["host_total"]
+                .as_f64()
+                .zip(cpu["remote_total"].as_f64())
+                .map(|(h, r)| (h / 100.0 * f64::from(secs), r / 100.0 * f64::from(secs)));
+            return Sample {
+                bits_per_second: bps,
+                cpu_s,
+            };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "iperf3 to {dst} from {} failed: {}{}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
