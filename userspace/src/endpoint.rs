@@ -167,6 +167,8 @@ pub struct Endpoints {
     /// Blocking netlink in the agent's namespace, for the batched steps of
     /// ADD (used under the state lock only).
     sync_nl: SyncNetlink,
+    /// The next ADD's pod side thread, started ahead.
+    spare: SpareSlot,
     /// Bumped by every change to records, veths or drains: a link dump taken
     /// at the same generation is still true (see [`Endpoints::reconcile`]).
     generation: u64,
@@ -380,26 +382,93 @@ struct PodPlan {
     routes: Vec<Ipv4Net>,
 }
 
+/// One pod side's work, run by a [`SpareThread`] or a fresh thread.
+type PodJob = Box<dyn FnOnce() + Send>;
+
+/// A thread started ahead of need, in the agent's namespace, that runs one
+/// [`PodJob`] and exits (its namespace switch never leaks). Taking it
+/// instead of spawning keeps thread creation, and on a loaded machine the
+/// scheduling delay of a new thread, off the ADD path.
+struct SpareThread {
+    job: std::sync::mpsc::Sender<PodJob>,
+}
+
+impl SpareThread {
+    fn spawn() -> std::io::Result<Self> {
+        let (job, rx) = std::sync::mpsc::channel::<PodJob>();
+        std::thread::Builder::new()
+            .name("rivet-pod-side".into())
+            .spawn(move || {
+                if let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        Ok(Self { job })
+    }
+}
+
+/// The next ADD's [`SpareThread`], refilled on the blocking pool (never a
+/// thread in a pod's namespace) after each ADD.
+#[derive(Clone, Default)]
+struct SpareSlot(std::sync::Arc<std::sync::Mutex<Option<SpareThread>>>);
+
+impl SpareSlot {
+    fn take(&self) -> Option<SpareThread> {
+        self.0.lock().ok().and_then(|mut s| s.take())
+    }
+
+    fn refill(&self) {
+        let slot = self.clone();
+        if self.0.lock().is_ok_and(|s| s.is_some()) {
+            return;
+        }
+        tokio::task::spawn_blocking(move || match SpareThread::spawn() {
+            // A spare that finds the slot full is dropped: it sees its
+            // channel closed and exits.
+            Ok(t) => {
+                if let Ok(mut s) = slot.0.lock()
+                    && s.is_none()
+                {
+                    *s = Some(t);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "starting a spare pod side thread"),
+        });
+    }
+}
+
 impl PodSide {
-    /// Starts the thread inside the namespace `netns`.
-    fn start(netns: std::fs::File, plan: PodPlan) -> Result<Self, EndpointError> {
+    /// Starts the pod side inside the namespace `netns`: on `spare` if it
+    /// is still there, else on a new thread.
+    fn start(
+        netns: std::fs::File,
+        plan: PodPlan,
+        spare: Option<SpareThread>,
+    ) -> Result<Self, EndpointError> {
         let (configure, configure_rx) = std::sync::mpsc::channel();
         let (proceed, proceed_rx) = std::sync::mpsc::channel();
         let (sysctls_tx, sysctls_done) = tokio::sync::oneshot::channel();
         let (done_tx, done) = tokio::sync::oneshot::channel();
         let spawned = std::time::Instant::now();
-        std::thread::Builder::new()
-            .name("rivet-pod-side".into())
-            .spawn(move || {
-                // The thread exits afterwards: its namespace never leaks.
-                let result = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| EndpointError::Other(format!("setns into the pod netns: {e}")))
-                    .and_then(|()| {
-                        configure_pod_side(&plan, spawned, &configure_rx, sysctls_tx, &proceed_rx)
-                    });
-                let _ = done_tx.send(result);
-            })
-            .map_err(|e| EndpointError::Other(format!("starting the pod netns thread: {e}")))?;
+        let job: PodJob = Box::new(move || {
+            // The thread exits afterwards: its namespace never leaks.
+            let result = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| EndpointError::Other(format!("setns into the pod netns: {e}")))
+                .and_then(|()| {
+                    configure_pod_side(&plan, spawned, &configure_rx, sysctls_tx, &proceed_rx)
+                });
+            let _ = done_tx.send(result);
+        });
+        let job = match spare {
+            Some(t) => t.job.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = job {
+            std::thread::Builder::new()
+                .name("rivet-pod-side".into())
+                .spawn(job)
+                .map_err(|e| EndpointError::Other(format!("starting the pod netns thread: {e}")))?;
+        }
         Ok(Self {
             configure,
             proceed,
@@ -655,6 +724,7 @@ impl Endpoints {
             by_ref,
             ipam,
             sync_nl,
+            spare: SpareSlot::default(),
             generation: 0,
             foreign: HashSet::new(),
             draining: BTreeMap::new(),
@@ -879,6 +949,7 @@ impl Endpoints {
         let result = self
             .plumb(record, netns_file, nl, dp, &mut rollback, timeline)
             .await;
+        self.spare.refill();
         match result {
             Ok(ep) => Ok(ep),
             Err(e) => {
@@ -967,6 +1038,7 @@ impl Endpoints {
                 gateway: ep.gateway,
                 routes: parse_routes(&ep.routes)?,
             },
+            self.spare.take(),
         )?;
         let pod_mac = pod_mac_for(ep.ip);
         let created = self.create_veth(&ep, &netns_file, pod_mac, nl).await;
