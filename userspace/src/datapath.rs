@@ -35,6 +35,19 @@ use crate::{
     pins::{Hook, PinError, PinLayout, remove_file_if_exists},
 };
 
+/// The address in every `ENDPOINT_SLOTS` slot, by index.
+fn read_slot_holders(ebpf: &Ebpf) -> Result<Vec<u32>, DatapathError> {
+    let name = map_names::ENDPOINT_SLOTS;
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| map_err(name)(MapError::InvalidName { name: name.into() }))?;
+    let slots: Array<&MapData, EndpointSlot> = Array::try_from(map).map_err(map_err(name))?;
+    slots
+        .iter()
+        .map(|slot| slot.map(|s| s.addr).map_err(map_err(name)))
+        .collect()
+}
+
 /// An empty endpoint cache slot.
 const EMPTY_SLOT: EndpointSlot = EndpointSlot {
     addr: 0,
@@ -457,6 +470,10 @@ pub struct Datapath {
     ebpf: Ebpf,
     layout: PinLayout,
     object: ObjectInfo,
+    /// The address each `ENDPOINT_SLOTS` slot holds (0: empty), read at
+    /// load and kept in step by every write: one agent owns the pins (a
+    /// lock), so an endpoint update costs two map writes and no read.
+    slot_holders: Vec<u32>,
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -650,10 +667,12 @@ impl Datapath {
             bytes = object.size,
             "datapath object loaded"
         );
+        let slot_holders = read_slot_holders(&ebpf)?;
         Ok(Self {
             ebpf,
             layout: layout.clone(),
             object,
+            slot_holders,
         })
     }
 
@@ -951,12 +970,9 @@ impl Datapath {
         let done = self.endpoints_mut()?.insert(key, info, 0);
         done.map_err(insert_err(&self.ebpf, map_names::ENDPOINTS))?;
         let index = rivet_common::endpoint_slot(key.addr);
-        let mut slots = self.endpoint_slots_mut()?;
-        let held = slots
-            .get(&index, 0)
-            .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
-        if held.addr == 0 || held.addr == key.addr {
-            slots
+        let held = self.slot_holders[index as usize];
+        if held == 0 || held == key.addr {
+            self.endpoint_slots_mut()?
                 .set(
                     index,
                     EndpointSlot {
@@ -966,21 +982,19 @@ impl Datapath {
                     0,
                 )
                 .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+            self.slot_holders[index as usize] = key.addr;
         }
         Ok(())
     }
 
-    /// Empties `ip`'s cache slot if it holds `ip`.
+    /// Empties `addr`'s cache slot if it holds `addr`.
     fn clear_endpoint_slot(&mut self, addr: u32) -> Result<(), DatapathError> {
         let index = rivet_common::endpoint_slot(addr);
-        let mut slots = self.endpoint_slots_mut()?;
-        let held = slots
-            .get(&index, 0)
-            .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
-        if held.addr == addr {
-            slots
+        if self.slot_holders[index as usize] == addr {
+            self.endpoint_slots_mut()?
                 .set(index, EMPTY_SLOT, 0)
                 .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
+            self.slot_holders[index as usize] = 0;
         }
         Ok(())
     }
@@ -1003,6 +1017,7 @@ impl Datapath {
                 *slot = EndpointSlot { addr, info };
             }
         }
+        let mut holders = vec![0; ENDPOINT_SLOTS_MAX as usize];
         let mut slots = self.endpoint_slots_mut()?;
         let mut rewritten = 0;
         for (index, first) in (0..ENDPOINT_SLOTS_MAX).zip(first) {
@@ -1024,7 +1039,9 @@ impl Datapath {
                     .map_err(map_err(map_names::ENDPOINT_SLOTS))?;
                 rewritten += 1;
             }
+            holders[index as usize] = want.addr;
         }
+        self.slot_holders = holders;
         Ok(rewritten)
     }
 

@@ -897,7 +897,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         opts.rounds
     ));
     report.notes.push(
-        "agent code: the functions the agent calls, on a private datapath (own pins), one BPF_MAP_UPDATE_ELEM/DELETE_ELEM per entry on an open map fd: routes = cluster::Cluster::upsert/remove (the etcd watch's path; each writes ROUTES and PEERS), endpoints = Datapath::put_endpoint/remove_endpoint (a pod's entry at ADD; through the API an endpoint is a whole pod ADD, veth included: see `bench cni`), hostPorts = endpoint::hostport_entries + Datapath::put_hostport/remove_hostport".into(),
+        "agent code: the functions the agent calls, on a private datapath (own pins), one BPF_MAP_UPDATE_ELEM/DELETE_ELEM per entry on an open map fd: routes = cluster::Cluster::upsert/remove (the etcd watch's path; each writes ROUTES and PEERS), endpoints = Datapath::put_endpoint/remove_endpoint (each writes ENDPOINTS and its ENDPOINT_SLOTS cache slot: two map writes per endpoint; a pod's entry at ADD; through the API an endpoint is a whole pod ADD, veth included: see `bench cni`), hostPorts = endpoint::hostport_entries + Datapath::put_hostport/remove_hostport".into(),
     );
     report.notes.push(
         "agent API: over the agent's unix socket, one connection per request: routes = one node_set / node_del per route (`rivetctl node set`); hostPorts = one endpoint_add of a pod carrying all of them (veth, record and validation included; pod_add_ms_0_hostports is the same ADD without any) and its endpoint_del".into(),
