@@ -201,6 +201,31 @@ pub fn iperf3_client(
     streams: u32,
     cpu: Option<usize>,
 ) -> IperfResult {
+    iperf3_run(ns, dst, port, secs, streams, cpu, None)
+}
+
+/// Like [`iperf3_client`] with one stream paced at `bitrate` (iperf3's
+/// `-b`, e.g. "4G"): a fixed offered load.
+pub fn iperf3_client_paced(
+    ns: &Netns,
+    dst: Ipv4Addr,
+    port: u16,
+    secs: u32,
+    bitrate: &str,
+    cpu: Option<usize>,
+) -> IperfResult {
+    iperf3_run(ns, dst, port, secs, 1, cpu, Some(bitrate))
+}
+
+fn iperf3_run(
+    ns: &Netns,
+    dst: Ipv4Addr,
+    port: u16,
+    secs: u32,
+    streams: u32,
+    cpu: Option<usize>,
+    bitrate: Option<&str>,
+) -> IperfResult {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut args = vec![
@@ -214,6 +239,10 @@ pub fn iperf3_client(
             streams.to_string(),
             "-J".into(),
         ];
+        if let Some(b) = bitrate {
+            args.push("-b".into());
+            args.push(b.to_owned());
+        }
         if let Some(c) = cpu {
             args.push("-A".into());
             args.push(c.to_string());

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     Netns, World,
     cni::{Plugin, result_ip},
-    traffic::{IperfResult, iperf3_client, iperf3_server, ping},
+    traffic::{IperfResult, iperf3_client, iperf3_client_paced, iperf3_server, ping},
     unique_prefix,
 };
 
@@ -46,6 +46,14 @@ const VARIANTS: [&str; 7] = [
     "ptp",
     "veth",
 ];
+
+/// Variants whose CPU per GB is also measured at a fixed offered load.
+const PACED_VARIANTS: [&str; 4] = ["rivet", "bridge", "ptp", "veth"];
+/// That load (iperf3 `-b`): below every variant's single-stream rate here
+/// (10–20 Gbit/s), so each carries the same bytes per second.
+const PACED_RATE: &str = "4G";
+/// Its metric.
+const PACED_METRIC: &str = "cpu_s_per_gb_at_4gbps";
 
 /// Sets node `n`'s flow-event switch directly (no monitor client: the
 /// datapath's share of the cost alone).
@@ -235,6 +243,8 @@ pub fn run(opts: &Options) -> Report {
     }
     report.better.insert("conns_per_s".into(), "higher".into());
     report.better.insert("cpu_s_per_gb".into(), "lower".into());
+    report.better.insert(PACED_METRIC.into(), "lower".into());
+    report.notes.push(format!("{PACED_METRIC}: the same CPU-seconds per GB while iperf3 sends one stream paced at {PACED_RATE}bit/s (-b {PACED_RATE}; 2 s, 1 s in --quick) right after each full-rate sample of {PACED_VARIANTS:?}: a fixed offered load, so the figure is what the path costs rather than how fast it goes (at full rate both CPUs are saturated in every variant and CPU per GB tracks 1/throughput)"));
     report.notes.push("cpu_s_per_gb: CPU-seconds of the whole machine (busy = total − idle − iowait jiffies of /proc/stat, summed over all CPUs) from just before the iperf3 client starts to just after it ends, per GB the receiver got (its rate × the test length); it includes iperf3's own start and whatever else the machine runs meanwhile (the agent, other users' builds)".into());
     report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 0.5 s (0.2 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 0.5 s (0.2 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
@@ -316,6 +326,23 @@ pub fn run(opts: &Options) -> Report {
             };
             // Bytes the receiver got: its rate over the test's length.
             let gbytes = res.bits_per_second / 8.0 * f64::from(t) / 1e9;
+            // The same CPU measure at a fixed offered load every variant
+            // carries (at full rate both CPUs are busy whatever the path,
+            // so CPU per GB there mostly mirrors throughput).
+            if !warm_up && PACED_VARIANTS.contains(&variant) {
+                let paced_secs = if opts.quick { 1 } else { 2 };
+                let srv = iperf3_server(server, 5201, Some(1));
+                let before = cpu_busy_secs();
+                let res = iperf3_client_paced(client, ip, 5201, paced_secs, PACED_RATE, Some(0));
+                let after = cpu_busy_secs();
+                drop(srv);
+                let gb = res.bits_per_second / 8.0 * f64::from(paced_secs) / 1e9;
+                if let (Some(b), Some(a)) = (before, after)
+                    && gb > 0.0
+                {
+                    report.add(PACED_METRIC, variant, (a - b) / gb);
+                }
+            }
             let (count, probe) = if warm_up {
                 (10, warm_probe)
             } else {
