@@ -870,22 +870,37 @@ pub async fn serve(
     }
 }
 
-/// Decodes one API request (the bytes a client sent before shutting down
-/// its write side, at most `MAX_MESSAGE`); a malformed one becomes the
-/// `bad_request` error that is answered.
+/// Decodes one API request (the bytes a client sent: a complete document,
+/// or all of them up to its shutdown, at most `MAX_MESSAGE`); a malformed
+/// one becomes the `bad_request` error that is answered.
 pub fn decode_request(body: &[u8]) -> Result<Request, ApiError> {
     serde_json::from_slice::<Request>(body)
         .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("invalid request: {e}")))
 }
 
+/// Reads one request into `body`: until it is a complete JSON document
+/// (the request is served without waiting for the client's shutdown, EOF,
+/// behind it), EOF, or `MAX_MESSAGE` bytes.
+async fn read_request(stream: &mut UnixStream, body: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut limited = stream.take(MAX_MESSAGE);
+    loop {
+        if limited.read_buf(body).await? == 0 {
+            return Ok(());
+        }
+        // A request is an object: only a buffer ending in `}` can hold all
+        // of it (which bounds the parse attempts of a large one).
+        if body.trim_ascii_end().last() == Some(&b'}')
+            && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+        {
+            return Ok(());
+        }
+    }
+}
+
 async fn handle_connection(agent: &Arc<Agent>, mut stream: UnixStream) -> std::io::Result<()> {
     let started = std::time::Instant::now();
-    let mut body = Vec::new();
-    let read = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        (&mut stream).take(MAX_MESSAGE).read_to_end(&mut body),
-    )
-    .await;
+    let mut body = Vec::with_capacity(4096);
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, read_request(&mut stream, &mut body)).await;
     let read_ms = started.elapsed().as_secs_f64() * 1e3;
     let response = match read {
         Err(_) => Response::Error(ApiError::new(

@@ -1,6 +1,8 @@
 //! The agent's API: JSON over a unix stream socket, one request per
-//! connection. The client writes one [`Request`], shuts down its write half,
-//! and reads one [`Response`] until EOF.
+//! connection. The client writes one [`Request`] and shuts down its write
+//! half; the agent writes one [`Response`] and closes. Each side may act on
+//! the other's document as soon as it is complete (its closing brace),
+//! without waiting for the EOF behind it — one wake-up less per side.
 //!
 //! This crate is deliberately small (serde only, blocking std I/O) so that the
 //! CNI plugin and `rivetctl` stay small and start fast.
@@ -792,28 +794,53 @@ impl Client {
         })?;
         stream.write_all(&body).map_err(io)?;
         stream.shutdown(std::net::Shutdown::Write).map_err(io)?;
-        let mut answer = Vec::new();
-        stream
-            .take(MAX_MESSAGE)
-            .read_to_end(&mut answer)
-            .map_err(io)?;
-        if answer.is_empty() {
+        // Parsed as it arrives: the answer is complete at its closing brace,
+        // without waiting for the agent's shutdown (EOF) behind it.
+        let mut reader = std::io::BufReader::with_capacity(
+            8192,
+            Counted {
+                inner: stream.take(MAX_MESSAGE),
+                bytes: 0,
+            },
+        );
+        let decoded =
+            Response::deserialize(&mut serde_json::Deserializer::from_reader(&mut reader));
+        let response = match decoded {
+            Ok(r) => r,
+            Err(e) if e.is_io() => return Err(io(std::io::Error::from(e))),
             // The agent went away mid-request (crash, kill): nothing was
             // answered, so the caller may try again.
-            return Err(io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "connection closed without an answer",
-            )));
-        }
-        let response: Response =
-            serde_json::from_slice(&answer).map_err(|source| ClientError::Decode {
-                path: self.path.clone(),
-                source,
-            })?;
+            Err(e) if e.is_eof() && reader.get_ref().bytes == 0 => {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed without an answer",
+                )));
+            }
+            Err(source) => {
+                return Err(ClientError::Decode {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
         match response {
             Response::Error(e) => Err(ClientError::Api(e)),
             other => Ok(other),
         }
+    }
+}
+
+/// A reader that counts the bytes it returned.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
     }
 }
 
