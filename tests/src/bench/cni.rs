@@ -29,12 +29,6 @@ struct Variant {
 }
 
 impl Variant {
-    fn add(&self, i: usize) -> Outcome {
-        let (plugin, pod, conf) = (&self.plugin, self.pods[i].path(), &self.conf);
-        rivet::netns::run_in(&self.node, || plugin.add(&format!("b{i}"), &pod, conf))
-            .expect("node netns")
-    }
-
     fn del(&self, i: usize) -> Outcome {
         let (plugin, pod, conf) = (&self.plugin, self.pods[i].path(), &self.conf);
         rivet::netns::run_in(&self.node, || {
@@ -42,14 +36,31 @@ impl Variant {
         })
         .expect("node netns")
     }
-}
 
-fn timed(f: impl FnOnce() -> Outcome, what: &str) -> f64 {
-    let t = Instant::now();
-    let out = f();
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    assert!(out.ok, "{what}: {}{}", out.stdout, out.stderr);
-    ms
+    /// ADD (`add`) or DEL of pod `i` from the calling thread, which first
+    /// joins the node namespace (untimed, like a runtime that lives there):
+    /// the milliseconds from the plugin's spawn to its exit and output.
+    /// Only on a thread of this benchmark's own.
+    fn timed(&self, add: bool, i: usize) -> f64 {
+        rivet::netns::enter(&self.node).expect("node netns");
+        let (id, pod) = (format!("b{i}"), self.pods[i].path());
+        let t = Instant::now();
+        let out = if add {
+            self.plugin.add(&id, &pod, &self.conf)
+        } else {
+            self.plugin.del(&id, Some(&pod), &self.conf)
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        assert!(
+            out.ok,
+            "{} {}: {}{}",
+            self.name,
+            if add { "ADD" } else { "DEL" },
+            out.stdout,
+            out.stderr
+        );
+        ms
+    }
 }
 
 /// Runs the benchmark.
@@ -64,6 +75,42 @@ pub fn run(opts: &Options) -> Report {
     let rivet_node = world.nodes[node].ns.path();
     let mut rivet_plugin = Plugin::rivet(&rivet_node);
     rivet_plugin.run_in = None;
+    // A/B (development): a second rivet node, interleaved with the first,
+    // whose agent gets extra environment `RIVET_BENCH_CNI_B_ENV` (`K=V,K=V`)
+    // and/or is the rivetd of `RIVET_BENCH_CNI_B_BIN_DIR`, and/or whose
+    // plugin is `RIVET_BENCH_CNI_B_BIN`. `RIVET_BENCH_CNI_LOG=<dir>` keeps
+    // the agents' logs (ADD timelines) there.
+    let b_env = std::env::var("RIVET_BENCH_CNI_B_ENV").ok();
+    let b_bin = std::env::var_os("RIVET_BENCH_CNI_B_BIN").map(PathBuf::from);
+    let b_dir = std::env::var_os("RIVET_BENCH_CNI_B_BIN_DIR");
+    let node_b = (b_env.is_some() || b_bin.is_some() || b_dir.is_some()).then(|| {
+        let nb = world.add_node();
+        for kv in b_env.iter().flat_map(|e| e.split(',')) {
+            if let Some((k, v)) = kv.split_once('=') {
+                world.nodes[nb]
+                    .agent_args
+                    .env
+                    .push((k.to_owned(), v.to_owned()));
+            }
+        }
+        let saved = std::env::var_os("RIVET_BIN_DIR");
+        if let Some(d) = &b_dir {
+            // SAFETY: no other thread of this process reads the environment
+            // while the agent starts (development A/B only).
+            unsafe { std::env::set_var("RIVET_BIN_DIR", d) };
+        }
+        world.start_agent(nb);
+        if b_dir.is_some() {
+            // SAFETY: as above.
+            unsafe {
+                match &saved {
+                    Some(v) => std::env::set_var("RIVET_BIN_DIR", v),
+                    None => std::env::remove_var("RIVET_BIN_DIR"),
+                }
+            }
+        }
+        nb
+    });
 
     let bridge_node = Netns::new(format!("{prefix}-bn"));
     let mut bridge_plugin = Plugin::reference("bridge", &bridge_node.path());
@@ -75,14 +122,29 @@ pub fn run(opts: &Options) -> Report {
             .map(|i| Netns::new(format!("{prefix}-{tag}{i}")))
             .collect()
     };
-    let variants = Arc::new(vec![
-        Variant {
-            name: "rivet",
-            plugin: rivet_plugin,
-            node: rivet_node,
-            conf: rivet_conf("1.0.0", world.nodes[node].agent().socket()),
-            pods: make_pods("r"),
-        },
+    let mut variants = vec![Variant {
+        name: "rivet",
+        plugin: rivet_plugin,
+        node: rivet_node,
+        conf: rivet_conf("1.0.0", world.nodes[node].agent().socket()),
+        pods: make_pods("r"),
+    }];
+    if let Some(nb) = node_b {
+        let path = world.nodes[nb].ns.path();
+        let mut plugin = Plugin::rivet(&path);
+        plugin.run_in = None;
+        if let Some(bin) = &b_bin {
+            plugin.bin.clone_from(bin);
+        }
+        variants.push(Variant {
+            name: "rivet-b",
+            plugin,
+            node: path,
+            conf: rivet_conf("1.0.0", world.nodes[nb].agent().socket()),
+            pods: make_pods("q"),
+        });
+    }
+    variants.push(
         Variant {
             name: "bridge",
             plugin: bridge_plugin,
@@ -94,7 +156,8 @@ pub fn run(opts: &Options) -> Report {
             }),
             pods: make_pods("b"),
         },
-    ]);
+    );
+    let variants = Arc::new(variants);
 
     let mut report = Report {
         name: "CNI ADD/DEL".into(),
@@ -109,7 +172,7 @@ pub fn run(opts: &Options) -> Report {
         .better
         .insert("adds_per_s_8way".into(), "higher".into());
     report.notes.push(format!(
-        "{n} sequential pods, ADD then DEL, interleaved pod by pod between the variants, after one warm-up ADD/DEL each; add_ms/del_ms rows are medians of all samples"
+        "{n} sequential pods, ADD then DEL, interleaved pod by pod between the variants, after one warm-up ADD/DEL each, timed from the plugin's spawn to its exit on a long-lived caller thread in the node namespace; add_ms/del_ms rows are medians of all samples"
     ));
     report.notes.push(
         "adds_per_s_8way: {n} ADDs issued by 8 concurrent callers, wall-clock rate"
@@ -120,30 +183,41 @@ pub fn run(opts: &Options) -> Report {
     );
 
     let started = Instant::now();
-    // Warm-up: one ADD and DEL per variant (pod 0, added again below).
-    for v in variants.iter() {
-        timed(|| v.add(0), v.name);
-        timed(|| v.del(0), v.name);
-    }
-    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
-    for i in 0..n {
-        progress(&format!(
-            "cni: sequential ADD {i}/{n} [{:.0}s]",
-            started.elapsed().as_secs_f64()
-        ));
-        for (v, s) in variants.iter().zip(samples.iter_mut()) {
-            s.0.push(timed(|| v.add(i), v.name));
-        }
-    }
-    for i in 0..n {
-        progress(&format!(
-            "cni: sequential DEL {i}/{n} [{:.0}s]",
-            started.elapsed().as_secs_f64()
-        ));
-        for (v, s) in variants.iter().zip(samples.iter_mut()) {
-            s.1.push(timed(|| v.del(i), v.name));
-        }
-    }
+    // The sequential phase runs on one thread of its own that moves into
+    // each variant's node namespace before its call (a runtime calls
+    // plugins from a long-lived thread: no thread start per call in the
+    // figures, whose tail it was on a loaded machine).
+    let samples: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Warm-up: one ADD and DEL per variant (pod 0, added again below).
+            for v in variants.iter() {
+                v.timed(true, 0);
+                v.timed(false, 0);
+            }
+            let mut samples = vec![(Vec::new(), Vec::new()); variants.len()];
+            for i in 0..n {
+                progress(&format!(
+                    "cni: sequential ADD {i}/{n} [{:.0}s]",
+                    started.elapsed().as_secs_f64()
+                ));
+                for (v, s) in variants.iter().zip(samples.iter_mut()) {
+                    s.0.push(v.timed(true, i));
+                }
+            }
+            for i in 0..n {
+                progress(&format!(
+                    "cni: sequential DEL {i}/{n} [{:.0}s]",
+                    started.elapsed().as_secs_f64()
+                ));
+                for (v, s) in variants.iter().zip(samples.iter_mut()) {
+                    s.1.push(v.timed(false, i));
+                }
+            }
+            samples
+        })
+        .join()
+        .expect("sequential phase")
+    });
     for (v, (adds, dels)) in variants.iter().zip(&samples) {
         for a in adds {
             report.add("add_ms", v.name, *a);
@@ -167,6 +241,8 @@ pub fn run(opts: &Options) -> Report {
             .map(|_| {
                 let (variants, next) = (Arc::clone(&variants), Arc::clone(&next));
                 std::thread::spawn(move || {
+                    // Each caller lives in the node namespace.
+                    rivet::netns::enter(&variants[vi].node).expect("node netns");
                     loop {
                         let i = {
                             let mut g = next.lock().expect("lock");
@@ -177,7 +253,8 @@ pub fn run(opts: &Options) -> Report {
                         if i >= n {
                             break;
                         }
-                        let out = variants[vi].add(i);
+                        let v = &variants[vi];
+                        let out = v.plugin.add(&format!("b{i}"), &v.pods[i].path(), &v.conf);
                         assert!(
                             out.ok,
                             "{} ADD: {}{}",
@@ -202,6 +279,14 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("cni: done in {:.0}s", started.elapsed().as_secs_f64());
+    if let Some(dir) = std::env::var_os("RIVET_BENCH_CNI_LOG") {
+        for (i, n) in world.nodes.iter().enumerate() {
+            let to = PathBuf::from(&dir).join(format!("agent{i}.log"));
+            if let Err(e) = std::fs::copy(&n.agent_args.log, &to) {
+                eprintln!("cni: copying the agent log to {}: {e}", to.display());
+            }
+        }
+    }
     drop(variants);
     drop(bridge_node);
     drop(world);
