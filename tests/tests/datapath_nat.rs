@@ -904,3 +904,104 @@ fn another_pods_unanswered_flow_gives_up_its_port_but_not_an_answered_one() {
         pod_segment(h, a, 40_001, 0x02, Counter::DropNatNoPort);
     });
 }
+
+/// A hostPort connection that ended, whose entry the collector has decided
+/// to remove, used again by the client (the same four-tuple: a TIME_WAIT
+/// port reused) before the removal: the entry stays and the new
+/// connection's answers still leave as the hostPort. (The race that hung a
+/// benchmark's client: the removed entry left the new connection's answer
+/// untranslated, masqueraded instead, and the client reset the pod.) An
+/// ended connection nobody reused is removed as before.
+#[test]
+fn collector_spares_an_entry_used_again_after_its_decision() {
+    with_harness(|h| {
+        let a = h.a;
+        h.put_hostport(8080, a, 80);
+        let inbound = |sport: u16, flags: u8| {
+            let ip = Ipv4 {
+                protocol: 6,
+                payload: tcp(OUTSIDE, NODE_IP, sport, 8080, flags, b""),
+                ..Ipv4::new(OUTSIDE, NODE_IP)
+            };
+            frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+        };
+        let answer = |sport: u16, flags: u8| {
+            h.ip_frame(
+                a,
+                &Ipv4 {
+                    protocol: 6,
+                    payload: tcp(a.ip, OUTSIDE, 80, sport, flags, b""),
+                    ..Ipv4::new(a.ip, OUTSIDE)
+                },
+            )
+        };
+        // Two connections, each SYN, SYN-ACK, then FIN both ways.
+        for sport in [50_000, 50_001] {
+            for (from_client, flags) in [(true, 0x02), (false, 0x12), (true, 0x11), (false, 0x11)] {
+                if from_client {
+                    h.expect(
+                        program_names::FROM_UPLINK,
+                        &inbound(sport, flags),
+                        h.uplink.0,
+                        TC_ACT_REDIRECT,
+                        Counter::FwdDnat,
+                    );
+                } else {
+                    h.expect(
+                        program_names::FROM_POD,
+                        &answer(sport, flags),
+                        a.host_ifindex,
+                        TC_ACT_REDIRECT,
+                        Counter::RevDnat,
+                    );
+                }
+            }
+        }
+        let dnat_ports = |h: &Harness| -> Vec<u16> {
+            let mut p: Vec<u16> = nat_entries(h)
+                .into_iter()
+                .filter(|(k, _)| k.dir == nat_dir::DNAT)
+                .map(|(k, _)| u16::from_be(k.dport))
+                .collect();
+            p.sort_unstable();
+            p
+        };
+        assert_eq!(dnat_ports(h), vec![50_000, 50_001]);
+        let pins = Pins::new(h);
+        let timeouts = rivet::nat::Timeouts {
+            tcp: 3600,
+            udp: 60,
+            closing: 10,
+        };
+        let mut collector =
+            rivet::nat::Collector::open(&pins.0.join("NAT"), timeouts).expect("collector");
+        // 61 s on, both ended connections are past the closing timeout;
+        // between the decision and the removals the client opens a new
+        // connection from port 50,000.
+        let stats = collector
+            .collect_with(rivet::nat::monotonic_ns() + 61_000_000_000, || {
+                h.expect(
+                    program_names::FROM_UPLINK,
+                    &inbound(50_000, 0x02),
+                    h.uplink.0,
+                    TC_ACT_REDIRECT,
+                    Counter::FwdDnat,
+                );
+            })
+            .expect("collect");
+        assert_eq!(stats.spared, 1, "{stats:?}");
+        assert_eq!(stats.expired, 1, "{stats:?}");
+        assert_eq!(dnat_ports(h), vec![50_000], "the reused entry stays");
+        // The new connection's answer leaves as the node's hostPort.
+        let back = h.expect(
+            program_names::FROM_POD,
+            &answer(50_000, 0x12),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::RevDnat,
+        );
+        assert_eq!(&back[26..30], &NODE_IP.octets());
+        assert_eq!(be16(&back[34..36]), 8080);
+        drop(pins);
+    });
+}

@@ -157,6 +157,15 @@ pub fn monotonic_ns() -> u64 {
     })
 }
 
+/// Why the collector removes entries.
+#[derive(Clone, Copy)]
+enum Doom {
+    /// Idle past its timeout.
+    Expired,
+    /// Its partner entry is gone (evicted by the LRU).
+    Orphaned,
+}
+
 /// The collector, with its own handle of the pinned `NAT` map.
 pub struct Collector {
     map: HashMap<MapData, NatKey, NatEntry>,
@@ -272,22 +281,34 @@ impl Collector {
     }
 
     /// One collection at time `now` (monotonic ns).
+    ///
+    /// Decides on a snapshot of the table, then removes each doomed entry
+    /// only if it is still as the snapshot saw it: a flow the datapath
+    /// used again meanwhile (a client reusing its TIME_WAIT port toward a
+    /// hostPort hits the ended connection's entry and refreshes it) keeps
+    /// its entries — removing them would strand the new connection, whose
+    /// replies could no longer be translated.
     pub fn collect(&mut self, now: u64) -> Result<NatStats, NatError> {
+        self.collect_with(now, || {})
+    }
+
+    /// [`Self::collect`], running `between` after the decisions and before
+    /// the removals (tests: traffic arriving meanwhile).
+    pub fn collect_with(&mut self, now: u64, between: impl FnOnce()) -> Result<NatStats, NatError> {
         // The running counts before the table: a flow created after this
         // read and seen in the table is counted twice (until the next
         // collection), never not at all.
         let flows_before = self.pod_flows();
         let all: StdHashMap<NatKey, NatEntry> = self.entries().into_iter().collect();
-        let mut doomed: Vec<NatKey> = Vec::new();
-        let (mut expired, mut orphaned) = (0u64, 0u64);
+        // Groups removed together (a flow's two entries), as seen.
+        let mut doomed: Vec<(Doom, Vec<(NatKey, u64)>)> = Vec::new();
         let young = |e: &NatEntry| now.saturating_sub(e.last_seen) < ORPHAN_GRACE_NS;
         let mut partnered = std::collections::HashSet::new();
         for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::EGRESS) {
             let rk = reply_key(k, e);
             let Some(r) = all.get(&rk) else {
                 if !young(e) {
-                    doomed.push(*k);
-                    orphaned += 1;
+                    doomed.push((Doom::Orphaned, vec![(*k, e.last_seen)]));
                 }
                 continue;
             };
@@ -302,9 +323,7 @@ impl Collector {
                 timeout_ns(k.proto, flags, replied, self.timeouts)
             };
             if now.saturating_sub(last) > limit {
-                doomed.push(*k);
-                doomed.push(rk);
-                expired += 2;
+                doomed.push((Doom::Expired, vec![(*k, e.last_seen), (rk, r.last_seen)]));
             }
         }
         // hostPort connections: one entry each, refreshed both ways.
@@ -318,18 +337,45 @@ impl Collector {
                 timeout_ns(k.proto, e.flags, replied, self.timeouts)
             };
             if now.saturating_sub(e.last_seen) > limit {
-                doomed.push(*k);
-                expired += 1;
+                doomed.push((Doom::Expired, vec![(*k, e.last_seen)]));
             }
         }
         for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::REPLY) {
             if !partnered.contains(k) && !young(e) {
-                doomed.push(*k);
-                orphaned += 1;
+                doomed.push((Doom::Orphaned, vec![(*k, e.last_seen)]));
+            }
+        }
+        between();
+        let (mut expired, mut orphaned, mut removed) = (0u64, 0u64, 0usize);
+        let mut gone: std::collections::HashSet<NatKey> = std::collections::HashSet::new();
+        for (doom, group) in &doomed {
+            // Used again since the snapshot (any entry of the group)?
+            let refreshed = group
+                .iter()
+                .any(|(k, seen)| self.map.get(k, 0).is_ok_and(|now| now.last_seen != *seen));
+            if refreshed {
+                self.stats.spared += 1;
+                continue;
+            }
+            for (k, _) in group {
+                match self.map.remove(k) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {}
+                    Err(source) => {
+                        return Err(NatError::Map {
+                            path: self.path.clone(),
+                            source,
+                        });
+                    }
+                }
+                gone.insert(*k);
+                removed += 1;
+                match doom {
+                    Doom::Expired => expired += 1,
+                    Doom::Orphaned => orphaned += 1,
+                }
             }
         }
         let mut live: StdHashMap<u32, u64> = StdHashMap::new();
-        let gone: std::collections::HashSet<&NatKey> = doomed.iter().collect();
         for k in all
             .keys()
             .filter(|k| k.dir == nat_dir::EGRESS && !gone.contains(k))
@@ -337,18 +383,7 @@ impl Collector {
             *live.entry(k.src).or_default() += 1;
         }
         self.recount(&flows_before, &live);
-        for k in &doomed {
-            match self.map.remove(k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => {
-                    return Err(NatError::Map {
-                        path: self.path.clone(),
-                        source,
-                    });
-                }
-            }
-        }
-        self.stats.entries = (all.len() - doomed.len()) as u64;
+        self.stats.entries = (all.len() - removed) as u64;
         self.stats.expired += expired;
         self.stats.orphaned += orphaned;
         if let Some(created) = self.created() {

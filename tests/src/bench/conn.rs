@@ -11,6 +11,9 @@ use std::{
 
 use crate::Netns;
 
+/// How long a probe waits for its 1-byte answer.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A server in `ns` on `port`: per connection, read 1 byte, answer 1 byte.
 pub fn one_byte_server(ns: &Netns, port: u16) {
     let listener: TcpListener = ns
@@ -36,9 +39,13 @@ pub fn connection_loop(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> 
             let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
                 continue;
             };
+            // A connection whose answer never comes costs 2 s and is said,
+            // instead of hanging the benchmark.
+            let _ = s.set_read_timeout(Some(EXCHANGE_TIMEOUT));
             let mut b = [7u8; 1];
-            if s.write_all(&b).is_ok() && s.read_exact(&mut b).is_ok() {
-                out.push(t.elapsed().as_secs_f64() * 1e6);
+            match s.write_all(&b).and_then(|()| s.read_exact(&mut b)) {
+                Ok(()) => out.push(t.elapsed().as_secs_f64() * 1e6),
+                Err(e) => eprintln!("\nwarning: connection to {dst}: exchange failed: {e}"),
             }
         }
         out
@@ -71,6 +78,7 @@ pub fn ping_pong(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> {
             return out;
         };
         let _ = s.set_nodelay(true);
+        let _ = s.set_read_timeout(Some(EXCHANGE_TIMEOUT));
         let end = Instant::now() + time;
         let mut b = [7u8; 1];
         while Instant::now() < end {

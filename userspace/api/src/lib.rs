@@ -559,6 +559,10 @@ pub struct NatStatus {
     /// was created: created − live − removed by the collector.
     #[serde(default)]
     pub evicted: u64,
+    /// Flows the collector had doomed but found used again before
+    /// removing them (kept), since the agent started.
+    #[serde(default)]
+    pub spared: u64,
     /// Collections run.
     pub collections: u64,
 }

@@ -691,14 +691,15 @@ fn print_table(response: &Response, show_all: bool) {
             let n = s.nat;
             if n.masquerade {
                 println!(
-                    "masquerade: ports {}-{}  NAT table {} of {} entries  expired {}  evicted {} (+{} half-evicted)",
+                    "masquerade: ports {}-{}  NAT table {} of {} entries  expired {}  evicted {} (+{} half-evicted)  spared {}",
                     n.port_min,
                     n.port_max,
                     n.entries,
                     n.max_entries,
                     n.expired,
                     n.evicted,
-                    n.orphaned
+                    n.orphaned,
+                    n.spared
                 );
             } else {
                 println!(
