@@ -105,6 +105,7 @@ fn main() {
         args.which
     };
     let machine = Machine::read();
+    let dir = bench::out_dir();
     let mut reports = Vec::new();
     let suite = std::time::Instant::now();
     let count = which.len();
@@ -150,14 +151,15 @@ fn main() {
             suite.elapsed().as_secs_f64()
         );
         reports.push(report);
+        // Written after every benchmark, so a suite that dies half-way
+        // keeps what it measured.
+        if let Err(e) = bench::write(&dir, &machine, &reports) {
+            eprintln!("writing results to {}: {e}", dir.display());
+        }
     }
     eprint!("{}", bench::run_time_table(&reports));
     for r in &reports {
         println!("{}", r.markdown());
     }
-    let dir = bench::out_dir();
-    match bench::write(&dir, &machine, &reports) {
-        Ok(()) => println!("results: {}", dir.display()),
-        Err(e) => eprintln!("writing results to {}: {e}", dir.display()),
-    }
+    println!("results: {}", dir.display());
 }
