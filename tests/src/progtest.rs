@@ -136,7 +136,7 @@ pub fn with_harness_nat_max(nat_max: u32, f: impl FnOnce(&mut Harness) + Send) {
                 .expect("program")
                 .try_into()
                 .expect("classifier");
-            prog.load().expect("verifier accepts the program");
+            rivet::datapath::load_verified(|| prog.load()).expect("verifier accepts the program");
         }
         let a = PodSide {
             ip: Ipv4Addr::new(10, 9, 1, 2),

@@ -580,19 +580,30 @@ fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
     });
 }
 
+/// A TCP segment from the outside client to `dst:port`, as it arrives on
+/// the uplink.
+fn from_client(
+    h: &Harness,
+    dst: Ipv4Addr,
+    sport: u16,
+    port: u16,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let ip = Ipv4 {
+        protocol: 6,
+        payload: tcp(OUTSIDE, dst, sport, port, flags, payload),
+        ..Ipv4::new(OUTSIDE, dst)
+    };
+    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+}
+
 #[test]
 fn hostport_hit_miss_and_reply() {
     with_harness(|h| {
         let a = h.a;
         h.put_hostport(8080, a, 80);
-        let inbound = |dst: Ipv4Addr, port: u16| {
-            let ip = Ipv4 {
-                protocol: 6,
-                payload: tcp(OUTSIDE, dst, 50_000, port, 0x02, b"req"),
-                ..Ipv4::new(OUTSIDE, dst)
-            };
-            frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
-        };
+        let inbound = |dst: Ipv4Addr, port: u16| from_client(h, dst, 50_000, port, 0x02, b"req");
         // Hit: to the pod, client address kept.
         let out = h.expect(
             program_names::FROM_UPLINK,
@@ -917,14 +928,7 @@ fn collector_spares_an_entry_used_again_after_its_decision() {
     with_harness(|h| {
         let a = h.a;
         h.put_hostport(8080, a, 80);
-        let inbound = |sport: u16, flags: u8| {
-            let ip = Ipv4 {
-                protocol: 6,
-                payload: tcp(OUTSIDE, NODE_IP, sport, 8080, flags, b""),
-                ..Ipv4::new(OUTSIDE, NODE_IP)
-            };
-            frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
-        };
+        let inbound = |sport: u16, flags: u8| from_client(h, NODE_IP, sport, 8080, flags, b"");
         let answer = |sport: u16, flags: u8| {
             h.ip_frame(
                 a,

@@ -35,6 +35,27 @@ use crate::{
     pins::{Hook, PinError, PinLayout, remove_file_if_exists},
 };
 
+/// Runs `load` (a program's `BPF_PROG_LOAD`) again while the kernel
+/// answers EAGAIN: the verifier gives up with EAGAIN when a signal is
+/// pending on the loading thread, and `from_pod` takes long enough to
+/// verify (≈ 380k instructions) for that to happen on a busy machine.
+pub fn load_verified(
+    mut load: impl FnMut() -> Result<(), ProgramError>,
+) -> Result<(), ProgramError> {
+    let mut tries = 0;
+    loop {
+        match load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 4 =>
+            {
+                tries += 1;
+                tracing::debug!(tries, "program verification interrupted (EAGAIN): again");
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The address in every `ENDPOINT_SLOTS` slot, by index.
 fn read_slot_holders(ebpf: &Ebpf) -> Result<Vec<u32>, DatapathError> {
     let name = map_names::ENDPOINT_SLOTS;
@@ -651,7 +672,7 @@ impl Datapath {
                 .ok_or_else(|| prog_err(name)(ProgramError::UnexpectedProgramType))?
                 .try_into()
                 .map_err(prog_err(name))?;
-            prog.load().map_err(prog_err(name))?;
+            load_verified(|| prog.load()).map_err(prog_err(name))?;
             let pin = layout.prog(name);
             remove_file_if_exists(&pin)?;
             prog.pin(&pin).map_err(|source| DatapathError::PinObject {
