@@ -111,8 +111,8 @@ fn agent_error(e: ClientError) -> CniError {
     }
 }
 
-/// ADD and DEL must not act on the plugin's own namespace (CNI-16): checked
-/// before anything is touched.
+/// ADD and DEL must not act on the plugin's own namespace: checked before
+/// anything is touched.
 fn refuse_own_netns(args: &Args) -> Result<(), CniError> {
     let Some(ns) = &args.netns else {
         return Ok(());

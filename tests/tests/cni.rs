@@ -1,6 +1,5 @@
 //! CNI conformance: the real rivet-cni binary, driven like a runtime drives
 //! it (environment + stdin), against a real agent in a node namespace.
-//! Test IDs refer to reliability.md §6.1 (CNI-xx) and §6.2 (IPAM-xx).
 
 use std::{collections::HashSet, net::Ipv4Addr, path::Path};
 
@@ -48,7 +47,7 @@ fn result_ip(r: &Value) -> Ipv4Addr {
         .unwrap_or_else(|| panic!("no address in {r}"))
 }
 
-/// CNI-01: VERSION, whatever stdin holds.
+/// VERSION, whatever stdin holds.
 #[test]
 fn version_lists_what_is_supported() {
     let e = env();
@@ -69,7 +68,7 @@ fn version_lists_what_is_supported() {
     }
 }
 
-/// CNI-02: ADD, CHECK, STATUS, GC, DEL at every supported version; results
+/// ADD, CHECK, STATUS, GC, DEL at every supported version; results
 /// in the config's format; the pod really works.
 #[test]
 fn every_verb_at_every_version() {
@@ -135,7 +134,7 @@ fn every_verb_at_every_version() {
     e.w.nodes[e.n].assert_no_pod_state("after DEL at every version");
 }
 
-/// CNI-03: unsupported versions and verbs not in the config's version.
+/// Unsupported versions and verbs not in the config's version.
 #[test]
 fn incompatible_versions_are_code_1() {
     let e = env();
@@ -162,7 +161,7 @@ fn incompatible_versions_are_code_1() {
     e.w.nodes[e.n].assert_no_pod_state("after version errors");
 }
 
-/// CNI-04: missing or invalid environment → code 4 naming the variable;
+/// Missing or invalid environment → code 4 naming the variable;
 /// nothing created.
 #[test]
 fn bad_environment_is_code_4() {
@@ -301,7 +300,7 @@ fn bad_environment_is_code_4() {
     );
 }
 
-/// CNI-05/06: undecodable and invalid configs; nothing created, no panic.
+/// Undecodable and invalid configs; nothing created, no panic.
 #[test]
 fn bad_configs_are_codes_6_and_7() {
     let e = env();
@@ -389,7 +388,7 @@ fn bad_configs_are_codes_6_and_7() {
     e.w.nodes[e.n].assert_no_pod_state("after config errors");
 }
 
-/// CNI-07/08: double ADD, and an interface that already exists in the pod.
+/// Double ADD, and an interface that already exists in the pod.
 #[test]
 fn double_add_and_existing_interface_fail_without_damage() {
     let e = env();
@@ -419,7 +418,7 @@ fn double_add_and_existing_interface_fail_without_damage() {
     assert_eq!(e.w.nodes[e.n].records().len(), 1);
 }
 
-/// CNI-09: DEL is idempotent and needs neither the netns nor a prior ADD.
+/// DEL is idempotent and needs neither the netns nor a prior ADD.
 #[test]
 fn del_is_idempotent() {
     let e = env();
@@ -453,7 +452,7 @@ fn del_is_idempotent() {
     e.w.nodes[e.n].assert_no_pod_state("after DEL of a vanished pod");
 }
 
-/// CNI-10: a failure at each ADD step leaves nothing; DEL after it is fine.
+/// A failure at each ADD step leaves nothing; DEL after it is fine.
 #[test]
 fn failure_at_each_add_step_leaves_nothing() {
     let mut e = env();
@@ -484,7 +483,7 @@ fn failure_at_each_add_step_leaves_nothing() {
         .expect_ok("ADD after the faults");
 }
 
-/// CNI-12: CHECK right after ADD, then after each resource is removed by
+/// CHECK right after ADD, then after each resource is removed by
 /// hand: the error names the resource.
 #[test]
 fn check_names_the_missing_resource() {
@@ -594,7 +593,7 @@ fn check_names_the_missing_resource() {
     check("ckx", &ns, &add.json).expect_code(11, "CHECK with the agent down");
 }
 
-/// CNI-13: GC keeps exactly the valid attachments (both keys; empty list).
+/// GC keeps exactly the valid attachments (both keys; empty list).
 #[test]
 fn gc_keeps_only_valid_attachments() {
     let e = env();
@@ -636,7 +635,7 @@ fn gc_keeps_only_valid_attachments() {
     e.w.nodes[e.n].assert_no_pod_state("after GC with an empty list");
 }
 
-/// CNI-14 and IPAM-03: STATUS and ADD with the agent down; pool exhaustion.
+/// STATUS and ADD with the agent down; pool exhaustion.
 #[test]
 fn status_agent_down_and_pool_exhaustion() {
     let mut w = World::new();
@@ -715,7 +714,7 @@ fn status_agent_down_and_pool_exhaustion() {
         .expect_ok("ADD after the agent returned");
 }
 
-/// CNI-16: CNI_NETNS pointing at the plugin's own namespace is refused
+/// CNI_NETNS pointing at the plugin's own namespace is refused
 /// before anything is touched.
 #[test]
 fn own_netns_is_refused() {
@@ -732,7 +731,7 @@ fn own_netns_is_refused() {
         .expect_code(8, "ADD into a missing netns");
 }
 
-/// CNI-11: first plugin of a chain followed by the reference tuning and
+/// First plugin of a chain followed by the reference tuning and
 /// portmap plugins, prevResult passed along; DEL in reverse order.
 #[test]
 fn chains_with_tuning_and_portmap() {

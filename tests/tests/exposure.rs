@@ -1,7 +1,7 @@
-//! Permissions and exposure (issue 8, part 5): what a non-root user, a
-//! group member and a pod can reach of a running agent. Non-root users are
-//! played by `setpriv` as `nobody` (uid/gid 65534); nothing is added to the
-//! machine's user or group databases.
+//! Permissions and exposure: what a non-root user, a group member and a pod
+//! can reach of a running agent. Non-root users are played by `setpriv` as
+//! `nobody` (uid/gid 65534); nothing is added to the machine's user or
+//! group databases.
 
 use std::{
     io::{Read as _, Write as _},

@@ -1,7 +1,6 @@
-//! IPAM under load and under crashes (reliability.md IPAM-01, IPAM-04):
-//! concurrent ADDs through the real CNI binary never hand out an address
-//! twice, DELs leave nothing, and a SIGKILLed agent reclaims interrupted
-//! ADDs at start-up.
+//! IPAM under load and under crashes: concurrent ADDs through the real CNI
+//! binary never hand out an address twice, DELs leave nothing, and a
+//! SIGKILLed agent reclaims interrupted ADDs at start-up.
 
 use std::{
     collections::HashSet,
@@ -68,7 +67,7 @@ fn ip_of(v: &Value) -> Option<Ipv4Addr> {
         .ok()
 }
 
-/// IPAM-01: 200 concurrent ADDs into a /24, then 200 concurrent DELs.
+/// 200 concurrent ADDs into a /24, then 200 concurrent DELs.
 #[test]
 fn concurrent_adds_never_duplicate_and_dels_leave_nothing() {
     let mut w = World::new();
@@ -113,7 +112,7 @@ fn concurrent_adds_never_duplicate_and_dels_leave_nothing() {
     w.nodes[n].assert_no_pod_state("after 200 concurrent DELs");
 }
 
-/// IPAM-04: SIGKILL the agent in the middle of an ADD storm. After the
+/// SIGKILL the agent in the middle of an ADD storm. After the
 /// restart: no pending lease, no duplicate, records == veths == map entries;
 /// the runtime's DELs for the failed ADDs succeed and everything can be
 /// removed.

@@ -1,7 +1,7 @@
-//! Resource limits (issue 8, part 6): maps are sized from the agent's
-//! configuration, and a full map is a counted, visible failure — a CNI error
-//! naming the map and the key to raise, a `rivetctl status` warning, a
-//! metric — never a crash, a half-made pod or a half-added node.
+//! Resource limits: maps are sized from the agent's configuration, and a
+//! full map is a counted, visible failure — a CNI error naming the map and
+//! the key to raise, a `rivetctl status` warning, a metric — never a crash,
+//! a half-made pod or a half-added node.
 
 use std::{
     net::Ipv4Addr,

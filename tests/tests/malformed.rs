@@ -1,5 +1,5 @@
-//! Malformed packets (issue 8, part 3): one table, every row run through
-//! every entry program with BPF_PROG_TEST_RUN.
+//! Malformed packets: one table, every row run through every entry program
+//! with BPF_PROG_TEST_RUN.
 //!
 //! Each row is a frame and, per program (`from_pod` on pod A's host veth,
 //! `from_uplink` on the uplink, `from_host` on `rivet_host`), the expected

@@ -1,15 +1,15 @@
-//! Upgrade without loss (issue 8, part 1): node 1's agent is restarted with
-//! a rebuilt eBPF object (`rivetd --ebpf-object`, same source, another
-//! build stamp, so other bytes) and then rolled back to the embedded one,
-//! while four paced TCP streams run through the node — same-node,
-//! cross-node (in each mode), masqueraded to the outside, and from the
-//! outside through a hostPort. Every stream must complete with every byte,
-//! no reset and no pause over a second; a poller reading the kernel's
-//! attachments every 10 ms must never see a pod veth, the uplink or
-//! `rivet_host` without its program; after each swap every hook runs the
-//! freshly loaded programs (new IDs, same instructions), the agent's status
-//! names the object it loaded, and the endpoints, routes, peers, hostPorts,
-//! NAT entries and lease records are the same as before.
+//! Upgrade without loss: node 1's agent is restarted with a rebuilt eBPF
+//! object (`rivetd --ebpf-object`, same source, another build stamp, so
+//! other bytes) and then rolled back to the embedded one, while four paced
+//! TCP streams run through the node — same-node, cross-node (in each mode),
+//! masqueraded to the outside, and from the outside through a hostPort.
+//! Every stream must complete with every byte, no reset and no pause over a
+//! second; a poller reading the kernel's attachments every 10 ms must never
+//! see a pod veth, the uplink or `rivet_host` without its program; after
+//! each swap every hook runs the freshly loaded programs (new IDs, same
+//! instructions), the agent's status names the object it loaded, and the
+//! endpoints, routes, peers, hostPorts, NAT entries and lease records are
+//! the same as before.
 //!
 //! The second object is built once per test run from the workspace
 //! (`target/upgrade-obj`, the flags of `userspace/build.rs`), or taken from

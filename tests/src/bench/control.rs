@@ -912,7 +912,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         "etcd: real etcd in the underlay namespace, N − 1 agents registered and synced (lease TTL 10 s), then a new node's agent starts; join_converged = from its subnet key's PUT (seen by an `etcdctl watch` beside the agents' watches) until every other node's pinned ROUTES holds the subnet (maps polled every 100 µs); join_total = from starting the agent; leave_converged = from the DELETE of its key (`rivetd unload`) until every map dropped it. The `etcdctl watch` is itself one more watcher: values near 0.1 ms mean the agents had applied the event by the time etcdctl printed it".into(),
     );
     report.notes.push(
-        "goals (issue 7): ≥ 300k map updates/s; one change p99 < 1 ms; convergence < 1 s at 10 nodes".into(),
+        "goals: ≥ 300k map updates/s; one change p99 < 1 ms; convergence < 1 s at 10 nodes".into(),
     );
     report.notes.push(format!(
         "load average before {load_before}, after {} (2 CPUs; other builds may share the machine)",
