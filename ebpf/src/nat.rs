@@ -414,15 +414,19 @@ fn allocate(
 /// dropped packet leaves unchanged.
 #[inline(always)]
 pub fn egress(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> i32 {
-    // ICMP other than an echo request (an echo reply, an error) answers
-    // traffic that reached the pod: it starts no flow of the pod's own.
+    // ICMP other than an echo request starts no flow of the pod's own:
+    // an error about a packet that reached the pod through one of its
+    // flows leaves translated like the flow; anything else (an echo
+    // reply, an error about an unknown flow, another type) would leave
+    // with the pod's address and is dropped.
     if ip.proto == IPPROTO_ICMP
         && ip.frag & 0x3fff == 0
         && ctx
             .load::<u8>(ETH_HLEN + ip.hlen)
             .is_ok_and(|t| t != ICMP_ECHO_REQUEST)
     {
-        return verdict::pass(ctx, Counter::PassOther);
+        return crate::nat_icmp::snat_error_out(ctx, cfg, ip)
+            .unwrap_or_else(|| verdict::drop(ctx, Counter::DropNatIcmpUnknown));
     }
     let Some(l4) = parse(ctx, ip, false) else {
         return verdict::drop(ctx, Counter::DropNatUnsupported);

@@ -11,6 +11,11 @@
 //!   (the same rewrites);
 //! - from a pod about a packet that reached it through a hostPort → the
 //!   client, as the node (outer source, quoted destination and port).
+//! - from a pod about a packet that reached it through the masquerade
+//!   (a reply of one of its flows) → the remote, as the node (the same
+//!   rewrites, to the flow's NAT port). Any other ICMP a pod sends toward
+//!   a masqueraded destination, but an echo request, is dropped
+//!   (`drop_nat_icmp_unknown`): it would leave with the pod's address.
 //!
 //! Every change inside the ICMP message is balanced in the ICMP checksum
 //! (the quoted transport checksum is left alone: receivers do not check
@@ -212,6 +217,40 @@ pub fn hostport_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -
         Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
         None => verdict::drop(ctx, Counter::DropNoRoute),
     })
+}
+
+/// An error a pod sends about a packet that reached it through the
+/// masquerade: the quoted packet is a reply of one of the pod's flows as
+/// delivered (remote, port → pod, pod port), and the error goes back to
+/// that remote. It leaves as the flow does: outer source and quoted
+/// destination → the node, quoted port → the flow's NAT port, out of the
+/// uplink (`fwd_snat`). `None`: not an error about a flow the NAT knows.
+/// The caller checked TTL > 1.
+#[inline(always)]
+pub fn snat_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Option<i32> {
+    let q = quoted(ctx, ip)?;
+    // About a packet the pod itself received from the error's
+    // destination; no echo request reaches a pod through the masquerade.
+    if q.dst != ip.src || q.src != ip.dst || q.proto == IPPROTO_ICMP {
+        return None;
+    }
+    let key = NatKey::new(q.dst, q.src, (q.dport, q.sport), q.proto, nat_dir::EGRESS);
+    let entry = NAT.get_ptr(key)?;
+    // SAFETY: as in `snat_error`.
+    let (node_ip, port) = unsafe { ((*entry).addr, (*entry).port) };
+    // The route first: an error that cannot leave is dropped as it came.
+    let Some(hop) = crate::fib::lookup(ctx, node_ip, ip.dst, cfg.uplink_ifindex) else {
+        return Some(verdict::drop(ctx, Counter::DropNoRoute));
+    };
+    if let Some(hdr) = crate::packet::ptr_at::<crate::headers::Ipv4Hdr>(ctx, ETH_HLEN) {
+        // SAFETY: bounds-checked; alignment 1; no helper moved or rewrote
+        // packet data since the check.
+        crate::ipv4::decrease_ttl(unsafe { &mut *hdr });
+    }
+    if let Err(reason) = translate(ctx, &q, true, (ip.src, node_ip), (q.dport, port)) {
+        return Some(verdict::drop(ctx, reason));
+    }
+    Some(verdict::transmit(ctx, &hop, Counter::FwdSnat))
 }
 
 /// The rewrites: inbound (toward the pod) the quoted source and outer

@@ -354,7 +354,9 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
             TC_ACT_SHOT,
             Counter::DropNatUnsupported,
         );
-        // An echo reply (someone pinged the pod) starts no NAT flow.
+        // An echo reply (someone reached the pod other than through the
+        // masquerade) starts no NAT flow and answers none: it would leave
+        // with the pod's address.
         let mut rep = vec![0, 0, 0, 0, 0x12, 0x34, 0, 1];
         let sum = checksum(&rep);
         rep[2..4].copy_from_slice(&sum.to_be_bytes());
@@ -370,8 +372,8 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
             program_names::FROM_POD,
             &echo_reply,
             a.host_ifindex,
-            TC_ACT_OK,
-            Counter::PassOther,
+            TC_ACT_SHOT,
+            Counter::DropNatIcmpUnknown,
         );
         assert_eq!(out, echo_reply);
         // Inside the cluster CIDR: no masquerade (passes as before).
@@ -708,6 +710,244 @@ fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, code: u8, about: &[u8]) -> Vec<u8> {
         ..Ipv4::new(src, dst)
     }
     .bytes()
+}
+
+/// An ICMP error of `kind` and `code` from `src` to `dst` quoting the IPv4
+/// packet `about` (its header and first 8 bytes), TTL `ttl`, checksums
+/// right.
+fn icmp_about(
+    (src, dst, ttl): (Ipv4Addr, Ipv4Addr, u8),
+    (kind, code): (u8, u8),
+    about: &[u8],
+) -> Vec<u8> {
+    let hlen = usize::from(about[0] & 0x0f) * 4;
+    let mut msg = vec![kind, code, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(&about[..hlen + 8]);
+    let c = checksum(&msg);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    Ipv4 {
+        protocol: 1,
+        ttl,
+        payload: msg,
+        ..Ipv4::new(src, dst)
+    }
+    .bytes()
+}
+
+/// `l3` with its TTL set and header checksum recomputed.
+fn with_ttl(l3: &[u8], ttl: u8) -> Vec<u8> {
+    let mut v = l3.to_vec();
+    v[8] = ttl;
+    v[10..12].copy_from_slice(&[0, 0]);
+    let c = checksum(&v[..usize::from(v[0] & 0x0f) * 4]);
+    v[10..12].copy_from_slice(&c.to_be_bytes());
+    v
+}
+
+/// ICMP a pod sends toward the outside other than an echo request: an
+/// error about a packet that reached it through one of its masqueraded
+/// flows (port unreachable about a UDP answer, time exceeded about a TCP
+/// one) leaves as the node — outer source, quoted destination address and
+/// port translated, every checksum right: byte for byte the error the
+/// node itself would send about what the remote sent it. Anything else —
+/// an error about an unknown flow, about another pod's flow, one sent to
+/// someone other than the quoted sender, one quoting an echo request, a
+/// timestamp request — is dropped unchanged (`drop_nat_icmp_unknown`) and
+/// creates no flow.
+#[test]
+fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
+    with_harness(|h| {
+        h.enable_nat(62_000, 62_099);
+        let (a, b) = (h.a, h.b);
+        let from_pod =
+            |pod: PodSide, l3: &[u8]| frame(&[&eth(pod.host_mac, pod.mac, ETH_P_IP), l3]);
+        let at_uplink = |l3: &[u8]| frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), l3]);
+
+        // A UDP flow out (53 → 53), and the remote's answer to its NAT
+        // port as the pod receives it.
+        let out = h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(a, &Ipv4::new(a.ip, OUTSIDE)),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        let udp_port = be16(&out[34..36]);
+        let mut answer = Ipv4::new(OUTSIDE, NODE_IP);
+        answer.payload[2..4].copy_from_slice(&udp_port.to_be_bytes());
+        let answer = answer.bytes();
+        let delivered = h.expect(
+            program_names::FROM_UPLINK,
+            &at_uplink(&answer),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        assert_eq!(&delivered[30..34], &a.ip.octets());
+        // A TCP flow out, and the server's SYN-ACK as the pod receives it.
+        let out = h.expect(
+            program_names::FROM_POD,
+            &tcp_frame(h, a, 40_100, 0x02),
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        let tcp_port = be16(&out[34..36]);
+        let syn_ack = tcp(OUTSIDE, NODE_IP, 443, tcp_port, 0x12, b"");
+        let syn_ack = Ipv4 {
+            protocol: 6,
+            payload: syn_ack,
+            ..Ipv4::new(OUTSIDE, NODE_IP)
+        }
+        .bytes();
+        let delivered_tcp = h.expect(
+            program_names::FROM_UPLINK,
+            &at_uplink(&syn_ack),
+            h.uplink.0,
+            TC_ACT_REDIRECT,
+            Counter::RevSnat,
+        );
+        // Another pod's flow.
+        h.expect(
+            program_names::FROM_POD,
+            &h.ip_frame(b, &Ipv4::new(b.ip, OUTSIDE)),
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdSnat,
+        );
+        let entries = nat_entries(h);
+
+        for (what, kind, about, remote_sent, port) in [
+            (
+                "port unreachable about a UDP answer",
+                (3, 3),
+                &delivered,
+                &answer,
+                udp_port,
+            ),
+            (
+                "fragmentation needed about a UDP answer",
+                (3, 4),
+                &delivered,
+                &answer,
+                udp_port,
+            ),
+            (
+                "time exceeded about a TCP answer",
+                (11, 0),
+                &delivered_tcp,
+                &syn_ack,
+                tcp_port,
+            ),
+        ] {
+            let error = icmp_about((a.ip, OUTSIDE, 64), kind, &about[14..]);
+            let sent = h.expect(
+                program_names::FROM_POD,
+                &from_pod(a, &error),
+                a.host_ifindex,
+                TC_ACT_REDIRECT,
+                Counter::FwdSnat,
+            );
+            assert_eq!(&sent[0..6], &PEER_MAC, "{what}: toward the remote");
+            assert_eq!(&sent[6..12], &h.uplink.1, "{what}: from the uplink");
+            assert_eq!(&sent[26..30], &NODE_IP.octets(), "{what}: outer source");
+            assert_eq!(
+                &sent[30..34],
+                &OUTSIDE.octets(),
+                "{what}: outer destination"
+            );
+            assert_eq!(sent[22], 63, "{what}: TTL − 1");
+            assert_eq!((sent[34], sent[35]), kind, "{what}: type and code");
+            assert_eq!(
+                &sent[42 + 12..42 + 16],
+                &OUTSIDE.octets(),
+                "{what}: quoted source"
+            );
+            assert_eq!(
+                &sent[42 + 16..42 + 20],
+                &NODE_IP.octets(),
+                "{what}: quoted destination = node"
+            );
+            assert_eq!(
+                be16(&sent[62..64]),
+                be16(&remote_sent[20..22]),
+                "{what}: quoted source port"
+            );
+            assert_eq!(
+                be16(&sent[64..66]),
+                port,
+                "{what}: quoted destination port = NAT port"
+            );
+            assert!(ipv4_checksum_ok(&sent, 14), "{what}: IP checksum");
+            assert!(
+                ipv4_checksum_ok(&sent, 42),
+                "{what}: quoted header checksum"
+            );
+            assert_eq!(checksum(&sent[34..]), 0, "{what}: ICMP checksum");
+            // What the node would say about what the remote sent it (the
+            // quoted TTL is the one the pod saw: one router hop later).
+            let expected = icmp_about((NODE_IP, OUTSIDE, 63), kind, &with_ttl(remote_sent, 63));
+            assert_eq!(&sent[14..], &expected[..], "{what}: byte for byte");
+        }
+        assert_eq!(nat_entries(h).len(), entries.len(), "errors create no flow");
+
+        // An echo request, quoted by an error the pod sends back.
+        let mut ping = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        let c = checksum(&ping);
+        ping[2..4].copy_from_slice(&c.to_be_bytes());
+        let ping = Ipv4 {
+            protocol: 1,
+            payload: ping,
+            ..Ipv4::new(OUTSIDE, a.ip)
+        }
+        .bytes();
+        // A timestamp request.
+        let mut stamp = vec![13, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let c = checksum(&stamp);
+        stamp[2..4].copy_from_slice(&c.to_be_bytes());
+        let stamp = Ipv4 {
+            protocol: 1,
+            payload: stamp,
+            ..Ipv4::new(a.ip, OUTSIDE)
+        }
+        .bytes();
+        // What b's flow's answer looks like in b (53 → 53).
+        let b_answer = Ipv4::new(OUTSIDE, b.ip);
+        let unknown = Ipv4 {
+            payload: vec![0, 53, 0x27, 0x0f, 0, 12, 0, 0, b'r', b'i', b'v', b't'],
+            ..Ipv4::new(OUTSIDE, a.ip)
+        };
+        for (what, l3) in [
+            (
+                "port unreachable about an unknown flow",
+                icmp_about((a.ip, OUTSIDE, 64), (3, 3), &unknown.bytes()),
+            ),
+            (
+                "port unreachable about another pod's flow",
+                icmp_about((a.ip, OUTSIDE, 64), (3, 3), &b_answer.bytes()),
+            ),
+            (
+                "port unreachable about its flow, sent elsewhere",
+                icmp_about((a.ip, ELSEWHERE, 64), (3, 3), &delivered[14..]),
+            ),
+            (
+                "port unreachable quoting an echo request",
+                icmp_about((a.ip, OUTSIDE, 64), (3, 3), &ping),
+            ),
+            ("timestamp request", stamp),
+        ] {
+            let f = from_pod(a, &l3);
+            let got = h.expect(
+                program_names::FROM_POD,
+                &f,
+                a.host_ifindex,
+                TC_ACT_SHOT,
+                Counter::DropNatIcmpUnknown,
+            );
+            assert_eq!(got, f, "{what}: dropped unchanged");
+        }
+        assert_eq!(nat_entries(h).len(), entries.len(), "drops create no flow");
+    });
 }
 
 /// Sets the per-pod NAT quota (flows; 0 = no limit), as the agent writes

@@ -226,6 +226,45 @@ fn options_kept_through_nat(input: &[u8], out: &[u8]) {
     assert_eq!(&out[44..46], &input[44..46], "destination port");
 }
 
+/// A pod's ICMP port unreachable to `dst` quoting `about` as given.
+fn unreachable(src: Ipv4Addr, dst: Ipv4Addr, about: &[u8]) -> Vec<u8> {
+    let mut m = vec![3, 3, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(about);
+    let c = checksum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    ip(src, dst, 1, m)
+}
+
+/// What reached pod A as the server's SYN-ACK on the masqueraded flow of
+/// the "TCP SYN to the outside" row (443 → 40001), as an ICMP error quotes
+/// it: the IPv4 header and 8 bytes.
+fn synack_to_a(a: PodSide) -> Vec<u8> {
+    ip(OUTSIDE, a.ip, 6, tcp_hdr(443, 40_001, 0x12, 5))[..28].to_vec()
+}
+
+/// An error about a masqueraded flow leaves as the node: outer source,
+/// quoted destination address and port (the flow's NAT port) translated,
+/// the quoted header's and the ICMP checksum right.
+fn error_leaves_as_the_node(input: &[u8], out: &[u8]) {
+    assert_eq!(&out[26..30], &NODE_IP.octets(), "outer source = node IP");
+    assert_eq!(&out[30..34], &OUTSIDE.octets(), "outer destination");
+    assert_eq!(&out[34..36], &input[34..36], "type and code");
+    assert_eq!(&out[42 + 12..42 + 16], &OUTSIDE.octets(), "quoted source");
+    assert_eq!(
+        &out[42 + 16..42 + 20],
+        &NODE_IP.octets(),
+        "quoted destination"
+    );
+    assert_eq!(be16(&out[62..64]), 443, "quoted source port");
+    let port = be16(&out[64..66]);
+    assert!(
+        (NAT_MIN..=NAT_MAX).contains(&port),
+        "quoted NAT port {port}"
+    );
+    assert!(ipv4_checksum_ok(out, 42), "quoted header checksum");
+    assert_eq!(checksum(&out[34..]), 0, "ICMP checksum");
+}
+
 #[expect(
     clippy::too_many_lines,
     reason = "the table: one entry per malformed-packet case"
@@ -527,6 +566,54 @@ fn table(h: &Harness) -> Vec<Row> {
             "ICMP echo request to the outside (NAT, baseline)",
             ip4(ip(a.ip, OUTSIDE, 1, echo_request(7))),
             [redirect(FwdSnat), pass(UplinkPass), pass(HostPass)],
+        ),
+        Row {
+            pod_out: Some(error_leaves_as_the_node),
+            ..row(
+                "ICMP port unreachable about a masqueraded flow's answer (NAT, baseline)",
+                ip4(unreachable(a.ip, OUTSIDE, &synack_to_a(a))),
+                [redirect(FwdSnat), pass(UplinkPass), pass(HostPass)],
+            )
+        },
+        row(
+            "ICMP port unreachable about an unknown flow to the outside (NAT)",
+            ip4(unreachable(
+                a.ip,
+                OUTSIDE,
+                &ip(OUTSIDE, a.ip, 6, tcp_hdr(443, 40_999, 0x12, 5))[..28],
+            )),
+            pod_drop(DropNatIcmpUnknown),
+        ),
+        row(
+            "ICMP port unreachable, quoted header cut to 12 bytes (NAT)",
+            ip4(unreachable(a.ip, OUTSIDE, &synack_to_a(a)[..12])),
+            pod_drop(DropNatIcmpUnknown),
+        ),
+        row(
+            "ICMP port unreachable, quoted ports missing (NAT)",
+            ip4(unreachable(a.ip, OUTSIDE, &synack_to_a(a)[..20])),
+            pod_drop(DropNatIcmpUnknown),
+        ),
+        row(
+            "ICMP port unreachable, quoted IHL 4 (NAT)",
+            ip4(unreachable(a.ip, OUTSIDE, &{
+                let mut q = synack_to_a(a);
+                q[0] = 0x44;
+                q
+            })),
+            pod_drop(DropNatIcmpUnknown),
+        ),
+        row(
+            "ICMP echo reply to the outside (NAT)",
+            ip4(ip(a.ip, OUTSIDE, 1, {
+                let mut m = echo_request(7);
+                m[0] = 0;
+                m[2..4].copy_from_slice(&[0, 0]);
+                let c = checksum(&m);
+                m[2..4].copy_from_slice(&c.to_be_bytes());
+                m
+            })),
+            pod_drop(DropNatIcmpUnknown),
         ),
         row(
             "TCP SYN to a hostPort (baseline)",

@@ -687,6 +687,11 @@ pub enum Counter {
     /// budget (`frag_budget_rate`, `frag_budget_burst`): it would hold the
     /// node's shared reassembly memory.
     DropFragBudget = 53,
+    /// Masquerade needed for an ICMP message from a pod that is neither
+    /// an echo request nor an error about a flow the NAT knows (an echo
+    /// reply, an error about an unknown flow, another type): it starts no
+    /// flow and answers none, so it is never sent with the pod's address.
+    DropNatIcmpUnknown = 54,
 }
 
 impl Counter {
@@ -694,7 +699,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 43] = [
+    pub const ALL: [Counter; 44] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -738,6 +743,7 @@ impl Counter {
         Counter::DropNatRewrite,
         Counter::DropNatQuota,
         Counter::DropFragBudget,
+        Counter::DropNatIcmpUnknown,
     ];
 
     /// Index in the stats map.
@@ -796,6 +802,7 @@ impl Counter {
             Counter::DropNatRewrite => "drop_nat_rewrite",
             Counter::DropNatQuota => "drop_nat_quota",
             Counter::DropFragBudget => "drop_frag_budget",
+            Counter::DropNatIcmpUnknown => "drop_nat_icmp_unknown",
         }
     }
 
