@@ -771,28 +771,45 @@ fn chains_with_tuning_and_portmap() {
         "runtimeConfig": {"portMappings": [{"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}]},
         "prevResult": t.json,
     });
-    let p = portmap.add("chain", &ns.path(), &pconf);
-    if p.ok {
-        assert_eq!(
-            p.json["ips"], add.json["ips"],
-            "portmap passes our result through"
-        );
-        portmap
-            .del("chain", Some(&ns.path()), &pconf)
-            .expect_ok("portmap DEL");
-    } else {
-        // portmap needs iptables NAT in the node namespace; record why it
-        // could not run rather than hide it.
-        eprintln!(
-            "portmap ADD failed on this machine (iptables NAT unavailable?): {}{}",
-            p.stdout, p.stderr
-        );
-        assert!(
-            p.json["msg"].is_string(),
-            "portmap error is CNI JSON: {}",
-            p.stdout
-        );
-    }
+    // portmap programs iptables NAT in the node namespace (iptables is
+    // installed by `cargo xtask setup`): it must run, pass our result
+    // through, add its DNAT rule for the hostPort and remove it on DEL.
+    let node = &e.w.nodes[e.n].ns;
+    let nat_rules = || node.run("iptables", &["-t", "nat", "-S"]);
+    let hostport_rules = |rules: &str| -> Vec<String> {
+        rules
+            .lines()
+            .filter(|l| l.starts_with("-A") && l.contains("18080"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        hostport_rules(&nat_rules()),
+        Vec::<String>::new(),
+        "no rule for hostPort 18080 before portmap"
+    );
+    let p = portmap
+        .add("chain", &ns.path(), &pconf)
+        .expect_ok("portmap ADD");
+    assert_eq!(
+        p.json["ips"], add.json["ips"],
+        "portmap passes our result through"
+    );
+    let rules = nat_rules();
+    let added = hostport_rules(&rules);
+    assert!(
+        !added.is_empty() && rules.contains("CNI-HOSTPORT-DNAT"),
+        "portmap's DNAT rule for hostPort 18080 in the node's nat table:\n{rules}"
+    );
+    portmap
+        .del("chain", Some(&ns.path()), &pconf)
+        .expect_ok("portmap DEL");
+    let rules = nat_rules();
+    assert_eq!(
+        hostport_rules(&rules),
+        Vec::<String>::new(),
+        "portmap DEL removed its rules for hostPort 18080:\n{rules}"
+    );
     tuning
         .del("chain", Some(&ns.path()), &tconf)
         .expect_ok("tuning DEL");
