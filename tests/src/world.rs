@@ -7,6 +7,7 @@ use std::{
 };
 
 use rivet_api::{Endpoint, EndpointRef, EndpointSpec, Request, Response};
+pub use rivet_common::Counter;
 
 use crate::{
     agent::{AgentArgs, AgentProc},
@@ -63,25 +64,165 @@ impl Node {
         self.agent_args.pin_dir()
     }
 
-    /// Datapath counters by name (from the agent).
-    pub fn counters(&self) -> BTreeMap<String, u64> {
+    /// The datapath counters (from the agent), looked up by [`Counter`].
+    pub fn counters(&self) -> Counters {
         match self.agent().client().call(&Request::Stats {}) {
-            Ok(Response::Stats { counters }) => {
-                counters.into_iter().map(|c| (c.name, c.packets)).collect()
-            }
+            Ok(Response::Stats { counters }) => Counters::from_stats(&self.name, counters),
             other => panic!("stats from {}: {other:?}", self.name),
         }
     }
+}
 
-    /// Datapath counters by name as (packets, bytes).
-    pub fn counters_with_bytes(&self) -> BTreeMap<String, (u64, u64)> {
-        match self.agent().client().call(&Request::Stats {}) {
-            Ok(Response::Stats { counters }) => counters
-                .into_iter()
-                .map(|c| (c.name, (c.packets, c.bytes)))
-                .collect(),
-            other => panic!("stats from {}: {other:?}", self.name),
+/// One reading of a node's datapath counters, indexed by [`Counter`]
+/// (`counters[Counter::FwdLocal]` is its packets). A reading holds exactly
+/// the counters this build defines: the agent's stats missing one, naming
+/// one twice or naming one this build does not know fail when read, so a
+/// renamed or vanished counter can never read as 0.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets, in [`Counter::ALL`] order.
+    packets: [u64; Counter::ALL.len()],
+    /// Bytes, in [`Counter::ALL`] order.
+    bytes: [u64; Counter::ALL.len()],
+}
+
+impl Counters {
+    /// Checks and orders the agent's stats of node `node`.
+    pub fn from_stats(node: &str, stats: Vec<rivet_api::CounterValue>) -> Self {
+        let mut seen = [false; Counter::ALL.len()];
+        let mut out = Self {
+            packets: [0; Counter::ALL.len()],
+            bytes: [0; Counter::ALL.len()],
+        };
+        for c in &stats {
+            let i = Counter::ALL
+                .iter()
+                .position(|k| k.name() == c.name)
+                .unwrap_or_else(|| {
+                    panic!("stats from {node}: unknown counter {:?}: {stats:?}", c.name)
+                });
+            assert!(
+                !seen[i],
+                "stats from {node}: counter {:?} twice: {stats:?}",
+                c.name
+            );
+            assert_eq!(
+                c.drop,
+                Counter::ALL[i].is_drop(),
+                "stats from {node}: {:?} flagged drop={}",
+                c.name,
+                c.drop
+            );
+            seen[i] = true;
+            out.packets[i] = c.packets;
+            out.bytes[i] = c.bytes;
         }
+        let missing: Vec<&str> = Counter::ALL
+            .iter()
+            .zip(seen)
+            .filter(|(_, s)| !s)
+            .map(|(c, _)| c.name())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "stats from {node}: counters missing: {missing:?}"
+        );
+        out
+    }
+
+    /// Position of `c` in [`Counter::ALL`].
+    fn slot(c: Counter) -> usize {
+        Counter::ALL
+            .iter()
+            .position(|k| *k == c)
+            .unwrap_or_else(|| panic!("{c:?} is not in Counter::ALL"))
+    }
+
+    /// The counter named `name` (`fwd_local`, ...); panics on a name no
+    /// counter has.
+    pub fn named(name: &str) -> Counter {
+        Counter::ALL
+            .iter()
+            .copied()
+            .find(|c| c.name() == name)
+            .unwrap_or_else(|| panic!("no datapath counter is named {name:?}"))
+    }
+
+    /// Packets counted by `c`.
+    pub fn packets(&self, c: Counter) -> u64 {
+        self.packets[Self::slot(c)]
+    }
+
+    /// Bytes counted by `c`.
+    pub fn bytes(&self, c: Counter) -> u64 {
+        self.bytes[Self::slot(c)]
+    }
+
+    /// Packets `c` counted since `before` (panics if it went backwards).
+    pub fn since(&self, before: &Self, c: Counter) -> u64 {
+        let (a, b) = (self.packets(c), before.packets(c));
+        a.checked_sub(b)
+            .unwrap_or_else(|| panic!("{} went backwards: {b} → {a}", c.name()))
+    }
+
+    /// Every counter with its packets, in [`Counter::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+        Counter::ALL
+            .iter()
+            .copied()
+            .zip(self.packets.iter().copied())
+    }
+
+    /// The counters whose packets differ from `before`, with the change.
+    pub fn changes(&self, before: &Self) -> BTreeMap<&'static str, i128> {
+        self.iter()
+            .zip(before.iter())
+            .filter(|((_, a), (_, b))| a != b)
+            .map(|((c, a), (_, b))| (c.name(), i128::from(a) - i128::from(b)))
+            .collect()
+    }
+}
+
+/// A counter given as the [`Counter`] itself or by its name (`"fwd_local"`);
+/// a name no counter has panics, it never reads as 0.
+pub trait AsCounter: Copy {
+    /// The counter.
+    fn as_counter(self) -> Counter;
+}
+
+impl AsCounter for Counter {
+    fn as_counter(self) -> Counter {
+        self
+    }
+}
+
+impl AsCounter for &str {
+    fn as_counter(self) -> Counter {
+        Counters::named(self)
+    }
+}
+
+impl std::ops::Index<Counter> for Counters {
+    type Output = u64;
+
+    /// Packets counted by `c`.
+    fn index(&self, c: Counter) -> &u64 {
+        &self.packets[Self::slot(c)]
+    }
+}
+
+impl std::fmt::Debug for Counters {
+    /// The non-zero counters: name → packets (bytes).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(
+                Counter::ALL
+                    .iter()
+                    .zip(self.packets.iter().zip(&self.bytes))
+                    .filter(|(_, (p, _))| **p != 0)
+                    .map(|(c, (p, b))| (c.name(), format!("{p} ({b} B)"))),
+            )
+            .finish()
     }
 }
 
@@ -97,44 +238,58 @@ impl Node {
             .collect()
     }
 
-    /// Link pins of pod veths (the uplink's and rivet_host's excluded).
+    /// Link pins of pod veths (the uplink's and rivet_host's excluded). A
+    /// missing links directory is "none"; any other error panics.
     pub fn pod_link_pins(&self) -> Vec<String> {
         rivet::pins::PinLayout::new(self.pin_dir())
             .link_pins()
-            .unwrap_or_default()
+            .unwrap_or_else(|e| panic!("link pins of {}: {e}", self.name))
             .into_iter()
             .filter(|p| !p.ends_with("-eth0") && !p.ends_with("-rivet_host"))
             .collect()
     }
 
-    /// Endpoint records (leases) on disk, including pending ones.
+    /// Endpoint records (leases) on disk, including pending ones. A missing
+    /// records directory is "none"; any other error panics.
     pub fn records(&self) -> Vec<String> {
-        std::fs::read_dir(self.agent_args.state_dir.join("endpoints"))
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.ends_with(".json"))
-                    .collect()
+        let dir = self.agent_args.state_dir.join("endpoints");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => panic!("listing {}: {e}", dir.display()),
+        };
+        entries
+            .map(|e| {
+                e.unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
             })
-            .unwrap_or_default()
+            .filter(|n| n.ends_with(".json"))
+            .collect()
     }
 
-    /// Addresses in the pinned endpoints map.
+    /// Addresses in the pinned endpoints map. A map that is not pinned
+    /// (the pin does not exist) has none; any other error panics.
     pub fn map_entries(&self) -> Vec<Ipv4Addr> {
         use aya::maps::{HashMap, Map, MapData};
         use rivet_common::{EndpointInfo, EndpointKey};
         let path = rivet::pins::PinLayout::new(self.pin_dir()).map("ENDPOINTS");
-        let Ok(data) = MapData::from_pin(&path) else {
-            return Vec::new();
+        let data = match MapData::from_pin(&path) {
+            Ok(data) => data,
+            Err(e) => match std::fs::symlink_metadata(&path) {
+                Err(gone) if gone.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+                _ => panic!("opening {}: {e}", path.display()),
+            },
         };
-        let Ok(map) = HashMap::<MapData, EndpointKey, EndpointInfo>::try_from(Map::HashMap(data))
-        else {
-            return Vec::new();
-        };
+        let map = HashMap::<MapData, EndpointKey, EndpointInfo>::try_from(Map::HashMap(data))
+            .unwrap_or_else(|e| panic!("{} as the endpoints map: {e}", path.display()));
         let mut v: Vec<Ipv4Addr> = map
             .keys()
-            .filter_map(Result::ok)
-            .map(|k| Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr)))
+            .map(|k| {
+                let k = k.unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr))
+            })
             .collect();
         v.sort();
         v

@@ -8,7 +8,7 @@ use std::{
 };
 
 use rivet_api::{Request, Response};
-use rivet_tests::{World, traffic::assert_ping};
+use rivet_tests::{World, traffic::assert_ping, world::Counter};
 
 fn nodes_seen(w: &World, n: usize) -> BTreeSet<String> {
     match w.nodes[n].agent().client().call(&Request::NodeList {}) {
@@ -223,5 +223,8 @@ fn interoperates_with_a_flannel_style_kernel_vxlan_node() {
         rivet_tests::traffic::tcp_transfer(&w.pods[rpod].ns, &fpod.ns, fpod_ip, 7301, 2 << 20);
     assert_eq!(moved, 2 << 20);
     let c = w.nodes[r].counters();
-    assert!(c["fwd_encap_vxlan"] >= 3 && c["decap_vxlan"] >= 3, "{c:?}");
+    assert!(
+        c[Counter::FwdEncapVxlan] >= 3 && c[Counter::DecapVxlan] >= 3,
+        "{c:?}"
+    );
 }

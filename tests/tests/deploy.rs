@@ -171,18 +171,13 @@ fn node_view(ns: &Netns) -> Vec<String> {
     ] {
         view.push(format!("ip {}: {}", args.join(" "), ns.run("ip", args)));
     }
+    // `run`: a tool that fails makes the view unreadable, not "empty".
     for dir in ["ingress", "egress"] {
-        let out = ns.output("tc", &["filter", "show", "dev", "eth0", dir]);
-        view.push(format!(
-            "tc {dir}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        ));
+        let out = ns.run("tc", &["filter", "show", "dev", "eth0", dir]);
+        view.push(format!("tc {dir}: {out}"));
     }
-    let out = ns.output("bpftool", &["net", "show"]);
-    view.push(format!(
-        "bpftool net: {}",
-        String::from_utf8_lossy(&out.stdout)
-    ));
+    let out = ns.run("bpftool", &["net", "show"]);
+    view.push(format!("bpftool net: {out}"));
     view
 }
 
@@ -287,10 +282,10 @@ fn install_then_uninstall_leaves_no_trace() {
         // ...and cannot add a file to it.
         let target = root.join(dir).join("99-intruder.conflist");
         let out = nobody("touch", &target);
-        assert!(
-            !out.status.success() && !target.exists(),
-            "nobody wrote into {dir}"
-        );
+        let exists = target
+            .try_exists()
+            .unwrap_or_else(|e| panic!("checking {}: {e}", target.display()));
+        assert!(!out.status.success() && !exists, "nobody wrote into {dir}");
     }
 
     // Run the installed agent as its unit does, attach a pod, stop it.
@@ -350,13 +345,27 @@ fn install_then_uninstall_leaves_no_trace() {
     );
 
     assert_eq!(node_view(&w.nodes[n].ns), before, "the node as before");
-    assert!(!args.pin_dir().exists(), "pins gone");
-    assert!(!args.state_dir.exists(), "state gone");
+    // Gone means "does not exist"; a path that cannot be checked fails.
+    let gone = |p: &Path| {
+        !p.try_exists()
+            .unwrap_or_else(|e| panic!("checking {}: {e}", p.display()))
+    };
+    assert!(gone(&args.pin_dir()), "pins gone");
+    assert!(gone(&args.state_dir), "state gone");
     let mut left = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.path().is_dir() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => panic!("listing {}: {e}", dir.display()),
+        };
+        for e in entries {
+            let e = e.unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
+            let kind = e
+                .file_type()
+                .unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+            if kind.is_dir() {
                 stack.push(e.path());
             } else {
                 left.push(e.path());
@@ -365,17 +374,40 @@ fn install_then_uninstall_leaves_no_trace() {
     }
     assert!(left.is_empty(), "files left: {left:?}");
     let cgroup = rivet::sockhooks::cgroup2_root().expect("cgroup2");
-    let attached = Command::new("bpftool")
+    let out = Command::new("bpftool")
         .args(["-j", "cgroup", "show"])
         .arg(&cgroup)
         .output()
         .expect("bpftool");
-    let attached: Vec<serde_json::Value> =
-        serde_json::from_slice(&attached.stdout).unwrap_or_default();
     assert!(
-        attached
-            .iter()
-            .all(|a| !hooks.contains(&(a["id"].as_u64().unwrap_or(0) as u32))),
+        out.status.success(),
+        "bpftool cgroup show {}: {}{}",
+        cgroup.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // bpftool prints nothing at all when no program is attached.
+    let attached: Vec<serde_json::Value> = if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "bpftool cgroup show: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    };
+    let attached_ids: Vec<u32> = attached
+        .iter()
+        .map(|a| {
+            a["id"]
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .unwrap_or_else(|| panic!("attachment without a program ID: {a}"))
+        })
+        .collect();
+    assert!(
+        attached_ids.iter().all(|id| !hooks.contains(id)),
         "socket hooks still attached: {attached:?}"
     );
     // The pod's side is gone with its veth.

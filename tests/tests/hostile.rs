@@ -25,6 +25,7 @@ use rivet_tests::{
     packet::{ETH_P_ARP, arp, eth, frame},
     raw::{self, RawSocket},
     traffic::{connect, listen, tcp_transfer},
+    world::{AsCounter, Counter, Counters},
 };
 
 /// UDP port every victim listens on.
@@ -37,7 +38,12 @@ const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// underlay's own noise (`uplink_pass`, `host_pass`) and the pods' ARP for
 /// their gateway. Every other counter must stay put unless it is the one
 /// a case expects.
-const BACKGROUND: &[&str] = &["uplink_pass", "host_pass", "arp_reply", "arp_pass"];
+const BACKGROUND: &[Counter] = &[
+    Counter::UplinkPass,
+    Counter::HostPass,
+    Counter::ArpReply,
+    Counter::ArpPass,
+];
 
 /// Neighbour and route tables of a namespace (IPv4 and IPv6), reduced to
 /// what an attack could change: neighbour address, device and MAC (not
@@ -151,7 +157,7 @@ impl<'a> Victim<'a> {
 struct Row {
     case: String,
     frames: u64,
-    counter: &'static str,
+    counter: Counter,
     delta: u64,
     tables_unchanged: bool,
 }
@@ -196,7 +202,7 @@ impl<'a> Scene<'a> {
         }
     }
 
-    fn counters(&self) -> Vec<BTreeMap<String, u64>> {
+    fn counters(&self) -> Vec<Counters> {
         self.w.nodes.iter().map(|n| n.counters()).collect()
     }
 
@@ -214,7 +220,8 @@ impl<'a> Scene<'a> {
     /// Sends `frames` and checks the case: `counter` on the home node moved
     /// by exactly the number sent, no other counter of any node moved (but
     /// [`BACKGROUND`]), no victim received anything, no table changed.
-    fn attack(&mut self, case: &str, counter: &'static str, frames: &[Vec<u8>]) {
+    fn attack(&mut self, case: &str, counter: impl AsCounter, frames: &[Vec<u8>]) {
+        let counter = counter.as_counter();
         // Nothing left over from a previous case.
         for v in &self.victims {
             v.drain();
@@ -263,14 +270,16 @@ impl<'a> Scene<'a> {
         assert_eq!(
             delta,
             sent,
-            "{case}: {counter} moved by {delta} for {sent} frames; home node: {:?}",
-            changes(&before[home], &after[home])
+            "{case}: {} moved by {delta} for {sent} frames; home node: {:?}",
+            counter.name(),
+            after[home].changes(&before[home])
         );
         for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-            let other: BTreeMap<String, i128> = changes(b, a)
+            let other: BTreeMap<&str, i128> = a
+                .changes(b)
                 .into_iter()
-                .filter(|(k, _)| !BACKGROUND.contains(&k.as_str()))
-                .filter(|(k, _)| !(i == home && k == counter))
+                .filter(|(k, _)| !BACKGROUND.iter().any(|c| c.name() == *k))
+                .filter(|(k, _)| !(i == home && *k == counter.name()))
                 .collect();
             assert!(
                 other.is_empty(),
@@ -334,7 +343,7 @@ impl<'a> Scene<'a> {
                 "| {} | {} | `{}` | {} | {} |",
                 r.case,
                 r.frames,
-                r.counter,
+                r.counter.name(),
                 r.delta,
                 if r.tables_unchanged {
                     "unchanged"
@@ -346,22 +355,9 @@ impl<'a> Scene<'a> {
     }
 }
 
-fn moved(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, name: &str) -> u64 {
-    after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0)
-}
-
-/// Counters that differ between two readings.
-fn changes(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, i128> {
-    after
-        .iter()
-        .filter_map(|(k, &a)| {
-            let b = before.get(k).copied().unwrap_or(0);
-            (a != b).then(|| (k.clone(), i128::from(a) - i128::from(b)))
-        })
-        .collect()
+/// Packets `counter` counted between two readings.
+fn moved(before: &Counters, after: &Counters, counter: impl AsCounter) -> u64 {
+    after.since(before, counter.as_counter())
 }
 
 /// `count` copies of a frame.
@@ -412,37 +408,53 @@ fn spoofed_sources_are_dropped() {
     let f = udp_to(&s, own_mac, ip1, ip2);
     s.attack(
         "source = another pod's IP",
-        "drop_spoofed_ip",
+        Counter::DropSpoofedIp,
         &times(N, &f),
     );
     let f = udp_to(&s, own_mac, node_ip, ip1);
-    s.attack("source = the node's IP", "drop_spoofed_ip", &times(N, &f));
+    s.attack(
+        "source = the node's IP",
+        Counter::DropSpoofedIp,
+        &times(N, &f),
+    );
     let f = udp_to(&s, own_mac, GATEWAY, ip1);
     s.attack(
         "source = the gateway 169.254.1.1",
-        "drop_spoofed_ip",
+        Counter::DropSpoofedIp,
         &times(N, &f),
     );
     let f = udp_to(&s, own_mac, Ipv4Addr::UNSPECIFIED, ip1);
-    s.attack("source = 0.0.0.0", "drop_spoofed_ip", &times(N, &f));
+    s.attack("source = 0.0.0.0", Counter::DropSpoofedIp, &times(N, &f));
     let f = udp_to(&s, own_mac, Ipv4Addr::BROADCAST, ip1);
-    s.attack("source = 255.255.255.255", "drop_spoofed_ip", &times(N, &f));
+    s.attack(
+        "source = 255.255.255.255",
+        Counter::DropSpoofedIp,
+        &times(N, &f),
+    );
     let f = udp_to(&s, own_mac, Ipv4Addr::BROADCAST, Ipv4Addr::BROADCAST);
     s.attack(
         "source and destination = 255.255.255.255",
-        "drop_spoofed_ip",
+        Counter::DropSpoofedIp,
         &times(N, &f),
     );
     let f = udp_to(&s, v1_mac, own_ip, ip2);
     s.attack(
         "own IP, another pod's MAC",
-        "drop_spoofed_mac",
+        Counter::DropSpoofedMac,
         &times(N, &f),
     );
     let f = udp_to(&s, [0x02, 0xba, 0xd0, 0, 0, 1], own_ip, ip2);
-    s.attack("own IP, made-up MAC", "drop_spoofed_mac", &times(N, &f));
+    s.attack(
+        "own IP, made-up MAC",
+        Counter::DropSpoofedMac,
+        &times(N, &f),
+    );
     let f = udp_to(&s, v1_mac, ip1, ip2);
-    s.attack("another pod's IP and MAC", "drop_spoofed_ip", &times(N, &f));
+    s.attack(
+        "another pod's IP and MAC",
+        Counter::DropSpoofedIp,
+        &times(N, &f),
+    );
     s.report();
 
     // The hostile pod's own, honest traffic still works, and so do the others'.
@@ -475,13 +487,13 @@ fn arp_attacks_are_dropped() {
     let f = arp_frame(bcast, own, arp(1, own, own_ip, z, GATEWAY));
     s.attack(
         "control: request for the gateway",
-        "arp_reply",
+        Counter::ArpReply,
         &times(1, &f),
     );
     let f = arp_frame(gw_mac, own, arp(2, own, own_ip, gw_mac, GATEWAY));
     s.attack(
         "control: reply with its own binding",
-        "arp_pass",
+        Counter::ArpPass,
         &times(1, &f),
     );
 
@@ -532,14 +544,14 @@ fn arp_attacks_are_dropped() {
         ),
     ];
     for (case, f) in &cases {
-        s.attack(case, "drop_arp_spoofed", &times(N, f));
+        s.attack(case, Counter::DropArpSpoofed, &times(N, f));
     }
     // A request for anything but the gateway is not answered (and not
     // passed: the host veth has no address to answer for).
     let f = arp_frame(bcast, own, arp(1, own, own_ip, z, ip1));
     s.attack(
         "request for another pod's address",
-        "drop_arp_unsupported",
+        Counter::DropArpUnsupported,
         &times(N, &f),
     );
     s.report();
@@ -569,7 +581,7 @@ fn ipv6_router_advertisements_and_redirects_are_dropped() {
     );
     s.attack(
         "IPv6 router advertisement to ff02::1",
-        "drop_unsupported_l3",
+        Counter::DropUnsupportedL3,
         &times(N, &ra),
     );
     let ra = raw::icmpv6_frame(
@@ -579,7 +591,7 @@ fn ipv6_router_advertisements_and_redirects_are_dropped() {
     );
     s.attack(
         "IPv6 RA as the gateway (its MAC and link-local)",
-        "drop_unsupported_l3",
+        Counter::DropUnsupportedL3,
         &times(N, &ra),
     );
     let redirect = raw::icmpv6_frame(
@@ -589,7 +601,7 @@ fn ipv6_router_advertisements_and_redirects_are_dropped() {
     );
     s.attack(
         "ICMPv6 redirect to the node",
-        "drop_unsupported_l3",
+        Counter::DropUnsupportedL3,
         &times(N, &redirect),
     );
     let redirect = raw::icmpv6_frame(
@@ -599,7 +611,7 @@ fn ipv6_router_advertisements_and_redirects_are_dropped() {
     );
     s.attack(
         "ICMPv6 redirect to another pod",
-        "drop_unsupported_l3",
+        Counter::DropUnsupportedL3,
         &times(N, &redirect),
     );
     s.report();
@@ -651,7 +663,7 @@ fn tunnels_aimed_at_nodes_are_dropped() {
         );
         s.attack(
             &format!("VXLAN (UDP 8472, VNI 1) to {what}"),
-            "drop_tunnel_from_pod",
+            Counter::DropTunnelFromPod,
             &times(N, &vxlan),
         );
         let ipip = raw::ipv4_frame(
@@ -662,7 +674,7 @@ fn tunnels_aimed_at_nodes_are_dropped() {
         );
         s.attack(
             &format!("IPIP (protocol 4) to {what}"),
-            "drop_tunnel_from_pod",
+            Counter::DropTunnelFromPod,
             &times(N, &ipip),
         );
     }
@@ -816,14 +828,15 @@ fn nat_status_fresh(w: &World, n: usize) -> rivet_api::NatStatus {
 fn wait_counter(
     w: &World,
     n: usize,
-    before: &BTreeMap<String, u64>,
-    name: &str,
+    before: &Counters,
+    counter: impl AsCounter,
     want: u64,
-) -> BTreeMap<String, u64> {
+) -> Counters {
+    let counter = counter.as_counter();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now = w.nodes[n].counters();
-        if moved(before, &now, name) >= want || Instant::now() >= deadline {
+        if moved(before, &now, counter) >= want || Instant::now() >= deadline {
             return now;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -942,7 +955,7 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     };
     let mut rows = Vec::new();
     // One flood, with the victims connecting while it runs and after it.
-    let flood = |what: &str, frames: Vec<Vec<u8>>, counters: &[&str]| {
+    let flood = |what: &str, frames: Vec<Vec<u8>>, counters: &[Counter]| {
         let before = w.nodes[n].counters();
         std::thread::scope(|scope| {
             let sender = scope.spawn(|| s.sock.send_all(frames.iter().map(Vec::as_slice)));
@@ -954,7 +967,7 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
         victims_ok(&format!("after {what}"));
         let deltas: Vec<String> = counters
             .iter()
-            .map(|c| format!("{c} +{}", moved(&before, &after, c)))
+            .map(|&c| format!("{} +{}", c.name(), moved(&before, &after, c)))
             .collect();
         let nat = nat_status_fresh(&w, n);
         let row = format!(
@@ -981,10 +994,10 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let (b, a, _, row) = flood(
         "SYN flood to another pod",
         syns(ip1, 7500),
-        &["fwd_local", "drop_nat_no_port"],
+        &[Counter::FwdLocal, Counter::DropNatNoPort],
     );
     rows.push(row);
-    assert!(moved(&b, &a, "fwd_local") >= u64::from(FLOOD));
+    assert!(moved(&b, &a, Counter::FwdLocal) >= u64::from(FLOOD));
     let cookies = proc_net(&w.pods[v1].ns, "netstat", "TcpExt", "SyncookiesSent") - cookies0;
     if report {
         eprintln!("SYN flood to a pod: the victim sent {cookies} SYN cookies");
@@ -995,10 +1008,10 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let (b, a, _, row) = flood(
         "SYN flood to outside:7600 via SNAT (answered)",
         syns(outside_ip, 7600),
-        &["fwd_snat", "drop_nat_no_port", "rev_snat"],
+        &[Counter::FwdSnat, Counter::DropNatNoPort, Counter::RevSnat],
     );
     rows.push(row);
-    let snat = moved(&b, &a, "fwd_snat") + moved(&b, &a, "drop_nat_no_port");
+    let snat = moved(&b, &a, Counter::FwdSnat) + moved(&b, &a, Counter::DropNatNoPort);
     assert!(snat >= u64::from(FLOOD), "every SYN counted: {snat}");
 
     // 3. SYNs to a blackhole: the ports toward (outside, 7700) are taken,
@@ -1009,20 +1022,23 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let ((b, a, nat, row), during) = std::thread::scope(|scope| {
         let during = scope.spawn(|| {
             // Once the flood has taken the range (its SYNs are refused).
-            wait_counter(&w, n, &start, "drop_nat_no_port", 1);
+            wait_counter(&w, n, &start, Counter::DropNatNoPort, 1);
             fresh_connection(&w.pods[v2].ns, SocketAddr::from((outside_ip, 7700)))
         });
         let r = flood(
             "SYN flood to outside:7700 via SNAT (blackholed)",
             syns(outside_ip, 7700),
-            &["fwd_snat", "drop_nat_no_port"],
+            &[Counter::FwdSnat, Counter::DropNatNoPort],
         );
         (r, during.join().expect("victim thread"))
     });
     rows.push(row);
     let during =
         during.unwrap_or_else(|e| panic!("during the blackholed flood, to outside:7700: {e}"));
-    let (out, refused) = (moved(&b, &a, "fwd_snat"), moved(&b, &a, "drop_nat_no_port"));
+    let (out, refused) = (
+        moved(&b, &a, Counter::FwdSnat),
+        moved(&b, &a, Counter::DropNatNoPort),
+    );
     assert!(
         out + refused >= u64::from(FLOOD),
         "each SYN either left or was dropped: {out} + {refused}"
@@ -1056,7 +1072,7 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
         "| during / after: victims connect to outside:7700 | - | connected in {:.1} s / {:.1} s ; drop_nat_no_port +{} (the victim's first SYNs) | ports of (outside, 7700) held by the hostile pod: {held} of {range} |",
         during.as_secs_f64(),
         other.as_secs_f64(),
-        moved(&before, &after, "drop_nat_no_port")
+        moved(&before, &after, Counter::DropNatNoPort)
     ));
 
     // 4. Fragments: never masqueraded (dropped with a reason), to the node
@@ -1065,10 +1081,10 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let (b, a, _, row) = flood(
         "fragment flood to the outside",
         frags(outside_ip),
-        &["drop_nat_unsupported"],
+        &[Counter::DropNatUnsupported],
     );
     rows.push(row);
-    assert_eq!(moved(&b, &a, "drop_nat_unsupported"), u64::from(FLOOD));
+    assert_eq!(moved(&b, &a, Counter::DropNatUnsupported), u64::from(FLOOD));
     // To the node: past the hostile pod's budget (256 KiB, then 32 KiB/s;
     // 1,570 bytes per 546-byte frame) the flood is dropped, so the node's
     // reassembly memory (4 MiB, shared by every pod) keeps room for the
@@ -1088,19 +1104,19 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
             }
             Ok::<u64, std::io::Error>(sent)
         });
-        wait_counter(&w, n, &before, "drop_frag_budget", 1);
+        wait_counter(&w, n, &before, Counter::DropFragBudget, 1);
         let during = fragmented_ping(&w.pods[v2].ns, node_ip);
         victims_ok("during fragment flood to the node");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let sent = sender.join().expect("flood thread").expect("flood sent");
         (sent, during)
     });
-    let after = wait_counter(&w, n, &before, "drop_frag_budget", sent - 1_000);
+    let after = wait_counter(&w, n, &before, Counter::DropFragBudget, sent - 1_000);
     let after_ping = fragmented_ping(&w.pods[v2].ns, node_ip);
     victims_ok("after fragment flood to the node");
     let (dropped, passed) = (
-        moved(&before, &after, "drop_frag_budget"),
-        moved(&before, &after, "pass_host"),
+        moved(&before, &after, Counter::DropFragBudget),
+        moved(&before, &after, Counter::PassHost),
     );
     let reasm_node = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails") - reasm_node0;
     rows.push(format!(
@@ -1127,9 +1143,13 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
         after_ping, 3,
         "victim's fragmented ping to the node after the flood"
     );
-    let (b, a, _, row) = flood("fragment flood to another pod", frags(ip1), &["fwd_local"]);
+    let (b, a, _, row) = flood(
+        "fragment flood to another pod",
+        frags(ip1),
+        &[Counter::FwdLocal],
+    );
     rows.push(row);
-    assert!(moved(&b, &a, "fwd_local") >= u64::from(FLOOD));
+    assert!(moved(&b, &a, Counter::FwdLocal) >= u64::from(FLOOD));
     let reasm = proc_net(&w.nodes[n].ns, "snmp", "Ip", "ReasmFails") - reasm0;
     // The node's reassembly memory after every fragment flood: an honest
     // pod's fragmented datagrams to the node still reassemble.
@@ -1221,11 +1241,11 @@ fn nat_flood_into_a_small_table_is_stopped_by_the_pod_quota() {
         .send_all(frames.iter().map(Vec::as_slice))
         .expect("flood");
     let quota = u64::from(rivet::config::default_nat_max_per_pod(4096));
-    let after = wait_counter(&w, n, &before, "drop_nat_quota", sent - quota);
+    let after = wait_counter(&w, n, &before, Counter::DropNatQuota, sent - quota);
     let nat = nat_status_fresh(&w, n);
     let (out, refused) = (
-        moved(&before, &after, "fwd_snat"),
-        moved(&before, &after, "drop_nat_quota"),
+        moved(&before, &after, Counter::FwdSnat),
+        moved(&before, &after, Counter::DropNatQuota),
     );
     assert_eq!(out + refused, sent, "each SYN left or was dropped");
     assert!(
@@ -1336,8 +1356,8 @@ fn fragmented_datagrams_to_the_node_within_the_budget_all_arrive() {
     }
     assert!(got.iter().all(|&(len, _)| len == 8192), "{got:?}");
     let after = w.nodes[n].counters();
-    assert_eq!(moved(&before, &after, "drop_frag_budget"), 0);
-    let fragments = moved(&before, &after, "pass_host");
+    assert_eq!(moved(&before, &after, Counter::DropFragBudget), 0);
+    let fragments = moved(&before, &after, Counter::PassHost);
     assert!(fragments >= 30 * 3 + 10 * 6, "pass_host +{fragments}");
 
     // The budget's maps are pinned with the others (a restart keeps them):

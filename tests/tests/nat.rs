@@ -14,26 +14,68 @@ use rivet_api::{Request, Response};
 use rivet_tests::{
     Netns, World,
     traffic::{connect, listen, ping},
+    world::Counter,
 };
 
-/// `nf_conntrack_count` of a namespace (None: conntrack not loaded).
-fn conntrack_count(ns: &Netns) -> Option<u64> {
-    let out = ns.output("cat", &["/proc/sys/net/netfilter/nf_conntrack_count"]);
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+/// Asserts netfilter connection tracking holds no entry in `ns`: either
+/// the `nf_conntrack` module is not loaded at all (then no namespace can
+/// track anything: `/sys/module/nf_conntrack` and the namespace's
+/// `nf_conntrack_count` and `/proc/net/nf_conntrack` are all absent), or
+/// the namespace's `nf_conntrack_count` reads 0. Anything that cannot be
+/// read is a failure, never "no entries".
+fn assert_no_conntrack_entries(ns: &Netns, what: &str) {
+    use std::io::ErrorKind::NotFound;
+    let name = ns.name().to_owned();
+    // A thread inside the namespace: /proc/sys/net and
+    // /proc/thread-self/net show the namespace of the reading thread.
+    let (count, table) = ns.exec(|| {
+        (
+            std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count"),
+            std::fs::symlink_metadata("/proc/thread-self/net/nf_conntrack"),
+        )
+    });
+    match count {
+        Ok(text) => {
+            let n: u64 = text.trim().parse().unwrap_or_else(|e| {
+                panic!("{what}: nf_conntrack_count in {name} is {text:?}: {e}")
+            });
+            assert_eq!(n, 0, "{what}: {n} conntrack entries in {name}");
+        }
+        Err(e) if e.kind() == NotFound => {
+            let module = std::path::Path::new("/sys/module/nf_conntrack")
+                .try_exists()
+                .unwrap_or_else(|e| panic!("{what}: /sys/module/nf_conntrack: {e}"));
+            assert!(
+                !module,
+                "{what}: nf_conntrack is loaded but {name} has no nf_conntrack_count"
+            );
+            match table {
+                Err(e) if e.kind() == NotFound => {}
+                other => panic!(
+                    "{what}: nf_conntrack not loaded, yet /proc/net/nf_conntrack of {name}: {other:?}"
+                ),
+            }
+        }
+        Err(e) => panic!("{what}: reading nf_conntrack_count in {name}: {e}"),
+    }
 }
 
-/// No NAT rule of any firewall in `ns`.
+/// No NAT rule of any firewall in `ns`. Every tool must run and answer
+/// (a tool that fails or prints nothing proves nothing).
 fn assert_no_nat_rules(ns: &Netns) {
-    let nft = ns.output("nft", &["list", "ruleset"]);
-    let rules = String::from_utf8_lossy(&nft.stdout);
+    let rules = ns.run("nft", &["list", "ruleset"]);
     assert!(
         !rules.contains("nat"),
         "nftables NAT rules in {}: {rules}",
         ns.name()
     );
     for tool in ["iptables-legacy-save", "iptables-nft-save"] {
-        let out = ns.output(tool, &["-t", "nat"]);
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = ns.run(tool, &["-t", "nat"]);
+        assert!(
+            text.lines().any(|l| l == "*nat") && text.lines().any(|l| l == "COMMIT"),
+            "{tool} -t nat in {} did not dump the nat table: {text:?}",
+            ns.name()
+        );
         assert!(
             !text.lines().any(|l| l.starts_with("-A")),
             "{tool} NAT rules in {}: {text}",
@@ -91,7 +133,7 @@ fn outside(s: &Setup) -> &Netns {
 fn pod_traffic_leaving_the_cluster_is_masqueraded() {
     let s = setup(1);
     let (node, pod) = (&s.w.nodes[s.n], &s.w.pods[s.pods[0]]);
-    let conntrack_before = conntrack_count(&node.ns);
+    assert_no_conntrack_entries(&node.ns, "before the flows");
     let before = node.counters();
 
     // TCP: the server answers with the address it saw.
@@ -174,16 +216,15 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded() {
     assert_eq!(r.received, 3, "ping through NAT");
 
     let after = node.counters();
-    let moved =
-        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    assert!(moved("fwd_snat") >= 6, "fwd_snat {}", moved("fwd_snat"));
-    assert!(moved("rev_snat") >= 6, "rev_snat {}", moved("rev_snat"));
-    assert_eq!(moved("drop_nat_no_port") + moved("drop_nat_unsupported"), 0);
+    let moved = |c: Counter| after.since(&before, c);
+    let (snat, rev) = (moved(Counter::FwdSnat), moved(Counter::RevSnat));
+    assert!(snat >= 6, "fwd_snat {snat}");
+    assert!(rev >= 6, "rev_snat {rev}");
     assert_eq!(
-        conntrack_count(&node.ns),
-        conntrack_before,
-        "nf_conntrack saw masqueraded flows"
+        moved(Counter::DropNatNoPort) + moved(Counter::DropNatUnsupported),
+        0
     );
+    assert_no_conntrack_entries(&node.ns, "after the masqueraded flows");
     assert_no_nat_rules(&node.ns);
     assert_no_nat_rules(&s.w.underlay);
 }
@@ -401,14 +442,8 @@ fn hostports_reach_the_pod_from_everywhere() {
     // Node 2 has no such mapping: its own stack answers (refused).
     assert!(ask(out, SocketAddr::from((n2_ip, 8080))).is_err());
     let counters = w.nodes[n1].counters();
-    assert!(
-        counters.get("fwd_dnat").copied().unwrap_or(0) >= 3,
-        "{counters:?}"
-    );
-    assert!(
-        counters.get("rev_dnat").copied().unwrap_or(0) >= 3,
-        "{counters:?}"
-    );
+    assert!(counters[Counter::FwdDnat] >= 3, "{counters:?}");
+    assert!(counters[Counter::RevDnat] >= 3, "{counters:?}");
 
     assert!(w.del_pod(target));
     assert!(ask(out, hostport).is_err(), "hostPort gone after DEL");
@@ -418,7 +453,11 @@ fn hostports_reach_the_pod_from_everywhere() {
 /// ICMP errors about hostPort flows reach the other end translated: a pod
 /// refusing a datagram that came through a hostPort (port unreachable)
 /// makes the client's socket fail with ECONNREFUSED, and a client gone
-/// before the pod's answer makes the pod's socket fail the same way.
+/// before the pod's answer makes the pod's socket fail the same way. The
+/// node itself listens on the hostPort, so its own stack would take the
+/// datagram silently: the refusal can only come from the pod, through the
+/// DNAT and back through the reverse translation (the client's socket
+/// matches the error by its quoted header, which must name node:5354).
 #[test]
 fn icmp_errors_about_hostport_flows_reach_both_ends() {
     use rivet_api::Protocol::Udp;
@@ -427,7 +466,12 @@ fn icmp_errors_about_hostport_flows_reach_both_ends() {
         s.w.add_pod_with_ports(s.n, vec![mapping(5353, 53, Udp), mapping(5354, 54, Udp)]);
     let node_ip = s.w.nodes[s.n].ip;
     let refused = |r: &std::io::Result<usize>| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
-    // Nothing listens on 54 in the pod.
+    // Nothing listens on 54 in the pod; the node listens on 5354 itself.
+    let node_sock = s.w.nodes[s.n]
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 5354)))
+        .expect("bind 5354 on the node");
+    let dnat_before = s.w.nodes[s.n].counters()[Counter::FwdDnat];
     let client = outside(&s)
         .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
         .expect("udp");
@@ -438,7 +482,21 @@ fn icmp_errors_about_hostport_flows_reach_both_ends() {
     client.send(b"anyone?").expect("send");
     let mut buf = [0u8; 64];
     let got = client.recv(&mut buf);
-    assert!(refused(&got), "client: {got:?}");
+    assert!(
+        refused(&got),
+        "client: {got:?} (a timeout: the datagram reached the node's own socket, or the error was not translated back)"
+    );
+    node_sock.set_nonblocking(true).expect("nonblocking");
+    let local = node_sock.recv_from(&mut buf);
+    assert!(
+        matches!(&local, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the node's own socket on 5354 got the datagram: {local:?}"
+    );
+    let dnat = s.w.nodes[s.n].counters()[Counter::FwdDnat] - dnat_before;
+    assert!(
+        dnat >= 1,
+        "the datagram went through the hostPort DNAT: fwd_dnat +{dnat}"
+    );
 
     // The pod answers a client that has gone.
     let server = s.w.pods[target]

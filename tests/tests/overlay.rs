@@ -4,6 +4,7 @@
 use rivet_tests::{
     World,
     traffic::{assert_ping, iperf3_client, iperf3_server, tcp_transfer},
+    world::{Counter, Counters},
 };
 
 /// A static two-node cluster in `mode` with one pod on each node.
@@ -16,15 +17,10 @@ fn two_node_pods(mode: &str) -> (World, Vec<usize>, usize, usize) {
 }
 
 /// Average size of the packets a counter saw between two readings.
-fn avg_size(
-    before: &std::collections::BTreeMap<String, (u64, u64)>,
-    after: &std::collections::BTreeMap<String, (u64, u64)>,
-    name: &str,
-) -> u64 {
-    let (p0, b0) = before.get(name).copied().unwrap_or_default();
-    let (p1, b1) = after.get(name).copied().unwrap_or_default();
-    assert!(p1 > p0, "{name} did not move: {after:?}");
-    (b1 - b0) / (p1 - p0)
+fn avg_size(before: &Counters, after: &Counters, c: Counter) -> u64 {
+    let packets = after.since(before, c);
+    assert!(packets > 0, "{} did not move: {after:?}", c.name());
+    (after.bytes(c) - before.bytes(c)) / packets
 }
 
 fn cross_node(mode: &str) {
@@ -49,18 +45,19 @@ fn cross_node(mode: &str) {
     // the sender's program encapsulates and the receiver's decapsulates are
     // whole TCP trains, far above the 1500-byte MTU (the veth underlay
     // carries GSO, like a NIC with tunnel TSO).
-    let sent_name = match mode {
-        "vxlan" => "fwd_encap_vxlan",
-        "ipip" => "fwd_encap_ipip",
-        _ => "fwd_native",
+    let sent_counter = match mode {
+        "vxlan" => Counter::FwdEncapVxlan,
+        "ipip" => Counter::FwdEncapIpip,
+        _ => Counter::FwdNative,
     };
-    let tx0 = w.nodes[nodes[0]].counters_with_bytes();
+    let sent_name = sent_counter.name();
+    let tx0 = w.nodes[nodes[0]].counters();
     let srv = iperf3_server(&w.pods[b].ns, 5201, None);
     let res = iperf3_client(&w.pods[a].ns, w.pods[b].ip, 5201, 2, 1, None);
     drop(srv);
     assert!(res.bits_per_second > 1e8, "iperf3 {mode}: {res:?}");
-    let tx1 = w.nodes[nodes[0]].counters_with_bytes();
-    let avg = avg_size(&tx0, &tx1, sent_name);
+    let tx1 = w.nodes[nodes[0]].counters();
+    let avg = avg_size(&tx0, &tx1, sent_counter);
     eprintln!(
         "{mode}: {:.2} Gbit/s, {sent_name} average packet {avg} bytes",
         res.bits_per_second / 1e9
@@ -71,28 +68,35 @@ fn cross_node(mode: &str) {
     );
 
     let after: Vec<_> = nodes.iter().map(|&n| w.nodes[n].counters()).collect();
-    let d = |i: usize, name: &str| after[i][name] - before[i][name];
+    let d = |i: usize, c: Counter| after[i].since(&before[i], c);
     let (sent, got) = match mode {
-        "vxlan" => ("fwd_encap_vxlan", "decap_vxlan"),
-        "ipip" => ("fwd_encap_ipip", "decap_ipip"),
-        _ => ("fwd_native", "fwd_from_peer"),
+        "vxlan" => (Counter::FwdEncapVxlan, Counter::DecapVxlan),
+        "ipip" => (Counter::FwdEncapIpip, Counter::DecapIpip),
+        _ => (Counter::FwdNative, Counter::FwdFromPeer),
     };
     assert!(
         d(0, sent) >= 3 && d(1, sent) >= 3,
-        "{sent}: {:?} / {:?}",
+        "{}: {:?} / {:?}",
+        sent.name(),
         after[0],
         after[1]
     );
     assert!(
         d(0, got) >= 3 && d(1, got) >= 3,
-        "{got}: {:?} / {:?}",
+        "{}: {:?} / {:?}",
+        got.name(),
         after[0],
         after[1]
     );
     for (i, c) in after.iter().enumerate() {
-        for (name, v) in c {
-            if name.starts_with("drop_") {
-                assert_eq!(*v, before[i][name], "node {i} dropped: {name} in {c:?}");
+        for (counter, v) in c.iter() {
+            if counter.is_drop() {
+                assert_eq!(
+                    v,
+                    before[i][counter],
+                    "node {i} dropped: {} in {c:?}",
+                    counter.name()
+                );
             }
         }
     }
@@ -208,7 +212,7 @@ fn path_mtu_works_through_the_tunnel() {
         "fragmentation-needed from the datapath: {big} {after:?}"
     );
     assert!(
-        after["icmp_frag_needed"] > before["icmp_frag_needed"],
+        after[Counter::IcmpFragNeeded] > before[Counter::IcmpFragNeeded],
         "answered in BPF: {after:?}"
     );
     // TCP learns the path MTU and completes.
@@ -228,12 +232,12 @@ fn vxlan_receive_gro_merges_trains_on_a_nic_like_underlay() {
     rivet_tests::flannel::nic_like(&w);
     let receiver = &w.nodes[nodes[1]];
     let transfer = |port: u16| {
-        let before = receiver.counters_with_bytes();
+        let before = receiver.counters();
         let srv = iperf3_server(&w.pods[b].ns, port, None);
         let res = iperf3_client(&w.pods[a].ns, w.pods[b].ip, port, 2, 1, None);
         drop(srv);
         assert!(res.bits_per_second > 1e8, "iperf3: {res:?}");
-        avg_size(&before, &receiver.counters_with_bytes(), "decap_vxlan")
+        avg_size(&before, &receiver.counters(), Counter::DecapVxlan)
     };
     let merged = transfer(5201);
     assert!(
