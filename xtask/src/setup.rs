@@ -8,25 +8,54 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// Debian packages the build, tests, demo and benchmarks use.
-const APT_PACKAGES: &[&str] = &[
-    "iproute2",
-    "iputils-ping",
-    "iperf3",
-    "iptables",
-    "nftables",
-    "bpftool",
-    "tcpdump",
-    "ethtool",
-    "sockperf",
-    "netcat-openbsd",
-    "containernetworking-plugins",
-    "podman",
-    "runc",
-    "busybox-static",
-    "etcd-server",
-    "etcd-client",
-    "protobuf-compiler",
+/// Debian packages the build, tests, demo and benchmarks use, each with
+/// the files that prove it is usable. Setup checks the files, not the
+/// package database: a package can be installed and still lack what the
+/// build reads (Debian's `protobuf-compiler` ships `protoc` but not the
+/// well-known `.proto` files, which are in `libprotobuf-dev`), and a file
+/// still missing after the install is named here instead of surfacing as
+/// a build error later.
+const APT_PACKAGES: &[(&str, &[&str])] = &[
+    (
+        "iproute2",
+        &["/usr/sbin/ip", "/usr/sbin/tc", "/usr/sbin/bridge"],
+    ),
+    ("iputils-ping", &["/usr/bin/ping"]),
+    ("iperf3", &["/usr/bin/iperf3"]),
+    (
+        "iptables",
+        &["/usr/sbin/iptables", "/usr/sbin/iptables-save"],
+    ),
+    ("nftables", &["/usr/sbin/nft"]),
+    ("bpftool", &["/usr/sbin/bpftool"]),
+    ("tcpdump", &["/usr/bin/tcpdump"]),
+    ("ethtool", &["/usr/sbin/ethtool"]),
+    ("sockperf", &["/usr/bin/sockperf"]),
+    ("netcat-openbsd", &["/usr/bin/nc"]),
+    (
+        "containernetworking-plugins",
+        &[
+            "/usr/lib/cni/host-local",
+            "/usr/lib/cni/bridge",
+            "/usr/lib/cni/loopback",
+            "/usr/lib/cni/portmap",
+            "/usr/lib/cni/tuning",
+        ],
+    ),
+    ("podman", &["/usr/bin/podman"]),
+    ("runc", &["/usr/sbin/runc"]),
+    ("busybox-static", &["/bin/busybox"]),
+    ("etcd-server", &["/usr/bin/etcd"]),
+    ("etcd-client", &["/usr/bin/etcdctl"]),
+    ("protobuf-compiler", &["/usr/bin/protoc"]),
+    (
+        "libprotobuf-dev",
+        &[
+            "/usr/include/google/protobuf/descriptor.proto",
+            "/usr/include/google/protobuf/empty.proto",
+        ],
+    ),
+    ("containerd", &["/usr/bin/containerd", "/usr/bin/ctr"]),
 ];
 
 /// The bpf-linker release that matches aya-ebpf 0.2.1 and LLVM 22.
@@ -88,31 +117,49 @@ fn nix_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-fn apt() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+/// The files of `APT_PACKAGES` that do not exist.
+fn missing_files() -> Vec<(&'static str, &'static str)> {
+    APT_PACKAGES
         .iter()
-        .copied()
-        .filter(|p| {
-            Command::new("dpkg-query")
-                .args(["-W", "-f=${Status}", p])
-                .output()
-                .map(|o| !String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
-                .unwrap_or(true)
-        })
-        .collect();
+        .flat_map(|(pkg, files)| files.iter().map(move |f| (*pkg, *f)))
+        .filter(|(_, f)| !Path::new(f).exists())
+        .collect()
+}
+
+fn apt() -> Result<()> {
+    let missing = missing_files();
     if missing.is_empty() {
-        ok(&format!("apt packages ({} present)", APT_PACKAGES.len()));
+        ok(&format!(
+            "apt packages ({} present, every file they must provide exists)",
+            APT_PACKAGES.len()
+        ));
         return Ok(());
     }
-    doing(&format!("apt-get install {}", missing.join(" ")));
+    let mut packages: Vec<&str> = missing.iter().map(|(p, _)| *p).collect();
+    packages.dedup();
+    for (pkg, file) in &missing {
+        eprintln!("  ..   {file} missing ({pkg})");
+    }
+    doing(&format!("apt-get install {}", packages.join(" ")));
     status(Command::new("apt-get").args(["update", "-qq"]))?;
     status(
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing),
+            .args(&packages),
     )?;
-    ok("apt packages installed");
+    let still = missing_files();
+    if !still.is_empty() {
+        let named: Vec<String> = still
+            .iter()
+            .map(|(pkg, file)| format!("{file} (from {pkg})"))
+            .collect();
+        bail!(
+            "installed the packages, but these files are still missing: {}",
+            named.join(", ")
+        );
+    }
+    ok("apt packages installed; every file they must provide exists");
     Ok(())
 }
 
