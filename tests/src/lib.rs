@@ -17,6 +17,7 @@ pub mod agent;
 pub mod bench;
 pub mod cni;
 pub mod continuity;
+pub mod cri;
 pub mod flannel;
 pub mod metrics;
 pub mod netns;
