@@ -15,6 +15,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod capture;
 pub mod cni;
 pub mod continuity;
 pub mod cri;

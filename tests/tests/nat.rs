@@ -13,6 +13,7 @@ use std::{
 use rivet_api::{Request, Response};
 use rivet_tests::{
     Netns, World,
+    capture::{Capture, Frame, Ipv4Info},
     traffic::{connect, listen, ping},
     world::Counter,
 };
@@ -96,6 +97,8 @@ struct Setup {
     n: usize,
     pods: Vec<usize>,
     outside_ip: Ipv4Addr,
+    /// The node's wire, watched for the whole test (checked on drop).
+    watch: Option<UplinkWatch>,
 }
 
 fn setup(pods: usize) -> Setup {
@@ -114,11 +117,191 @@ fn setup_with(pods: usize, args: &[&str]) -> Setup {
     let pods = (0..pods).map(|_| w.add_pod(n)).collect();
     w.add_outside();
     let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    let watch = Some(UplinkWatch::start(&w, n, outside_ip));
     Setup {
         w,
         n,
         pods,
         outside_ip,
+        watch,
+    }
+}
+
+impl Setup {
+    /// Stops watching the node's wire and asserts nothing left it with a
+    /// pod's address; what was seen.
+    fn finish_watch(&mut self) -> Watched {
+        let watched = self
+            .watch
+            .take()
+            .expect("the wire is watched from setup on")
+            .finish(&self.w);
+        watched.assert_no_pod_address_left();
+        watched
+    }
+}
+
+impl Drop for Setup {
+    /// Every NAT test built on [`setup`] ends with the check of its wire.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if self.watch.is_some() {
+            self.finish_watch();
+        }
+    }
+}
+
+/// Port of the marker datagrams a node sends to the outside host (discard;
+/// nobody listens).
+const MARKER_PORT: u16 = 9;
+
+/// What node `n` puts on the wire during a test, captured on the
+/// underlay's side of its uplink (what arrives there is what left the
+/// node, whichever path inside the node sent it) from before the test's
+/// first packet to after its last. A marker datagram the node sends to
+/// the outside host must be seen at the start (the capture runs) and at
+/// the end (everything before it was read), and the kernel must have
+/// dropped no frame of the capture: a capture that did not run, or lost
+/// frames, fails instead of passing.
+struct UplinkWatch {
+    capture: Capture,
+    node_ns: String,
+    node_ip: Ipv4Addr,
+    outside_ip: Ipv4Addr,
+}
+
+/// Sends a marker datagram from node `ns` to `outside:9`.
+fn send_marker(ns: &Netns, outside: Ipv4Addr, marker: &str) {
+    let payload = marker.as_bytes().to_vec();
+    ns.exec(move || {
+        let sock = UdpSocket::bind(("0.0.0.0", 0))?;
+        sock.send_to(&payload, (outside, MARKER_PORT))
+    })
+    .unwrap_or_else(|e| panic!("marker {marker:?} from {}: {e}", ns.name()));
+}
+
+impl UplinkWatch {
+    fn start(w: &World, n: usize, outside_ip: Ipv4Addr) -> Self {
+        let node = &w.nodes[n];
+        // The underlay's end of the node's eth0: "<i>: eth0@if<peer>: …".
+        let link = node.ns.ip(&["-o", "link", "show", "eth0"]);
+        let peer: u32 = link
+            .split_once("eth0@if")
+            .and_then(|(_, rest)| rest.split(':').next())
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("no veth peer of eth0 in {link:?}"));
+        let capture = Capture::start(&w.underlay, peer)
+            .unwrap_or_else(|e| panic!("capturing {}'s uplink: {e}", node.name));
+        let watch = Self {
+            capture,
+            node_ns: node.ns.name().to_owned(),
+            node_ip: node.ip,
+            outside_ip,
+        };
+        watch.marker(&node.ns, "start");
+        watch
+    }
+
+    /// Sends the `what` marker and waits until the capture has it.
+    fn marker(&self, ns: &Netns, what: &str) {
+        let marker = format!("rivet-uplink-watch {} {what}", self.node_ns);
+        send_marker(ns, self.outside_ip, &marker);
+        assert!(
+            self.capture
+                .wait_for(Duration::from_secs(5), |f| !f.outgoing
+                    && f.contains(marker.as_bytes())),
+            "the uplink capture of {} did not see its {what} marker: it does not run",
+            self.node_ns
+        );
+    }
+
+    fn finish(self, w: &World) -> Watched {
+        let node = w
+            .nodes
+            .iter()
+            .find(|nd| nd.ns.name() == self.node_ns)
+            .expect("the watched node");
+        self.marker(&node.ns, "end");
+        // Frames from other CPUs may still be on their way in.
+        std::thread::sleep(Duration::from_millis(100));
+        let captured = self
+            .capture
+            .stop()
+            .unwrap_or_else(|e| panic!("the uplink capture of {} failed: {e}", self.node_ns));
+        assert_eq!(
+            captured.kernel_drops, 0,
+            "the uplink capture of {} lost frames: {} of {}",
+            self.node_ns, captured.kernel_drops, captured.kernel_packets
+        );
+        let cluster: ipnet::Ipv4Net = node.agent_args.cluster_cidr.parse().expect("cluster CIDR");
+        let nodes: Vec<Ipv4Addr> = w.nodes.iter().map(|nd| nd.ip).collect();
+        // What the node sent (the underlay port received).
+        let sent: Vec<Ipv4Info> = captured
+            .frames
+            .iter()
+            .filter(|f| !f.outgoing)
+            .filter_map(Frame::ipv4)
+            .collect();
+        let leaks = sent
+            .iter()
+            .filter(|i| {
+                let outside = !cluster.contains(&i.dst) && !nodes.contains(&i.dst);
+                let quoted = i
+                    .quoted
+                    .is_some_and(|(s, d)| cluster.contains(&s) || cluster.contains(&d));
+                outside && (cluster.contains(&i.src) || quoted)
+            })
+            .copied()
+            .collect();
+        Watched {
+            node: self.node_ns,
+            node_ip: self.node_ip,
+            frames: captured.frames.len(),
+            sent,
+            leaks,
+        }
+    }
+}
+
+/// What a node sent on its wire during a test.
+struct Watched {
+    node: String,
+    node_ip: Ipv4Addr,
+    /// Frames captured (both directions).
+    frames: usize,
+    /// The IPv4 packets the node sent.
+    sent: Vec<Ipv4Info>,
+    /// Those with a pod's address (source, or inside a quoted header)
+    /// toward a destination outside the cluster (not a pod, not a node).
+    leaks: Vec<Ipv4Info>,
+}
+
+impl Watched {
+    fn assert_no_pod_address_left(&self) {
+        assert!(
+            self.leaks.is_empty(),
+            "{} of {} packets {} sent ({} frames captured) left with a pod's address toward the outside:\n{}",
+            self.leaks.len(),
+            self.sent.len(),
+            self.node,
+            self.frames,
+            self.leaks
+                .iter()
+                .take(20)
+                .map(|i| format!("  {i:?}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// Packets the node sent as itself to `dst` matching `pred`.
+    fn sent_as_node(&self, dst: Ipv4Addr, pred: impl Fn(&Ipv4Info) -> bool) -> usize {
+        self.sent
+            .iter()
+            .filter(|i| i.src == self.node_ip && i.dst == dst && pred(i))
+            .count()
     }
 }
 
@@ -780,4 +963,181 @@ fn full_nat_table_is_counted_and_new_flows_still_work() {
         "{st:?}"
     );
     drop(held);
+}
+
+/// Sends the ICMP message `msg` (checksum filled in here) from a raw
+/// socket in `ns` to `dst`, as a pod with `CAP_NET_RAW` can.
+fn send_icmp(ns: &Netns, dst: Ipv4Addr, mut msg: Vec<u8>) {
+    msg[2..4].copy_from_slice(&[0, 0]);
+    let c = rivet_tests::packet::checksum(&msg);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    ns.exec(move || {
+        // SAFETY: plain syscall; the result is checked before use.
+        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from_ne_bytes(dst.octets());
+        // SAFETY: `msg` and `sin` are valid for the call and sized as said.
+        let n = unsafe {
+            libc::sendto(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                std::ptr::from_ref(&sin).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("raw ICMP from {}: {e}", ns.name()));
+}
+
+/// Nothing leaves the node with a pod's address toward the outside in
+/// masquerade mode, ICMP included. The node's wire is captured for the
+/// whole test (as for every test here) while the pod
+/// - talks TCP, UDP and ping through the masquerade (the node-address
+///   traffic the capture must see);
+/// - refuses an answer to one of its flows (its socket closed: port
+///   unreachable about outside → pod, which arrived through the reverse
+///   translation): the error leaves as the node about outside → node,
+///   NAT port, and the outside's socket gets ECONNREFUSED;
+/// - is reached other than through the masquerade (the outside routes the
+///   pod CIDR to the node, whose stack forwards): its echo replies and its
+///   port unreachable about a flow the NAT does not know are dropped;
+/// - sends ICMP from a raw socket: an unsolicited echo reply, a port
+///   unreachable about an unknown flow, a timestamp request — dropped.
+///
+/// Each drop is counted as `drop_nat_icmp_unknown`, and not one packet the
+/// node sent carries a pod address (as source, or in a quoted header)
+/// toward the outside.
+#[test]
+fn nothing_leaves_the_node_with_a_pod_address() {
+    let mut s = setup(1);
+    let (node_ip, outside_ip) = (s.w.nodes[s.n].ip, s.outside_ip);
+    let pod = &s.w.pods[s.pods[0]];
+    let pod_ip = pod.ip;
+    let out = outside(&s);
+    let unknown = |w: &World| w.nodes[s.n].counters()[Counter::DropNatIcmpUnknown];
+    let unknown_before = unknown(&s.w);
+
+    // Through the masquerade: TCP, UDP, ping.
+    echo_server(out, 7600);
+    let mut tcp = connect(
+        &pod.ns,
+        SocketAddr::from((outside_ip, 7600)),
+        Duration::from_secs(5),
+    )
+    .expect("pod → outside, TCP");
+    exchange(&mut tcp, "through the masquerade");
+    let out_udp = out
+        .exec(|| UdpSocket::bind(("0.0.0.0", 7601)))
+        .expect("bind outside udp");
+    out_udp
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let pod_udp = pod
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("bind pod udp");
+    pod_udp.send_to(b"ask", (outside_ip, 7601)).expect("send");
+    let mut buf = [0u8; 64];
+    let (_, nat_addr) = out_udp.recv_from(&mut buf).expect("datagram via NAT");
+    assert_eq!(nat_addr.ip(), std::net::IpAddr::V4(node_ip));
+    let pinged = ping(&pod.ns, outside_ip, 2, 0.2).received;
+
+    // The pod's socket is gone when the answer arrives: the pod's port
+    // unreachable must reach the outside as the node's.
+    drop(pod_udp);
+    out_udp
+        .connect(nat_addr)
+        .expect("connect to the NAT address");
+    out_udp.send(b"answer").expect("answer");
+    let refused = out_udp.recv(&mut buf);
+
+    // The pod reached other than through the masquerade.
+    out.ip(&[
+        "route",
+        "add",
+        &s.w.nodes[s.n].pod_cidr,
+        "via",
+        &node_ip.to_string(),
+    ]);
+    let direct_ping = ping(out, pod_ip, 3, 0.2).received;
+    let direct_udp = out
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("bind outside udp");
+    direct_udp
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    direct_udp.connect((pod_ip, 7999)).expect("connect");
+    direct_udp.send(b"anyone?").expect("send");
+    let direct_refused = direct_udp.recv(&mut buf);
+
+    // Raw ICMP from the pod.
+    send_icmp(
+        &pod.ns,
+        outside_ip,
+        vec![0, 0, 0, 0, 0x4a, 0x11, 0, 1, b'x'],
+    );
+    let quoted = rivet_tests::packet::Ipv4 {
+        payload: vec![0x1b, 0x58, 0x1e, 0x61, 0, 8, 0, 0],
+        ..rivet_tests::packet::Ipv4::new(outside_ip, pod_ip)
+    }
+    .bytes();
+    send_icmp(
+        &pod.ns,
+        outside_ip,
+        [&[3, 3, 0, 0, 0, 0, 0, 0][..], &quoted].concat(),
+    );
+    send_icmp(
+        &pod.ns,
+        outside_ip,
+        [&[13, 0, 0, 0, 0, 7, 0, 1][..], &[0; 12]].concat(),
+    );
+
+    // Give the last ones time to cross before the wire's end marker.
+    std::thread::sleep(Duration::from_millis(200));
+    let dropped = unknown(&s.w) - unknown_before;
+    let watched = s.finish_watch();
+
+    // The capture saw the masqueraded traffic: the node's own address.
+    let tcp_seen = watched.sent_as_node(outside_ip, |i| i.proto == 6);
+    let udp_seen = watched.sent_as_node(outside_ip, |i| i.proto == 17 && i.ports.1 == 7601);
+    let echo_seen = watched.sent_as_node(outside_ip, |i| i.icmp == Some((8, 0)));
+    let error_seen = watched.sent_as_node(outside_ip, |i| {
+        i.icmp == Some((3, 3)) && i.quoted == Some((outside_ip, node_ip))
+    });
+    assert!(
+        tcp_seen > 0 && udp_seen > 0 && echo_seen > 0,
+        "masqueraded traffic on the wire: TCP {tcp_seen}, UDP {udp_seen}, echo {echo_seen}"
+    );
+    assert_eq!(pinged, 2, "ping through NAT");
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "the pod's port unreachable reaches the outside as the node's: {refused:?}"
+    );
+    assert!(error_seen >= 1, "the translated error on the wire");
+    assert_eq!(
+        direct_ping, 0,
+        "echo replies toward the outside are dropped"
+    );
+    assert!(
+        direct_refused.is_err_and(|e| e.kind() != std::io::ErrorKind::ConnectionRefused),
+        "a port unreachable about an unknown flow is dropped"
+    );
+    assert_eq!(
+        dropped,
+        3 + 1 + 3,
+        "drop_nat_icmp_unknown: 3 echo replies, 1 port unreachable, 3 raw messages"
+    );
 }
