@@ -33,8 +33,9 @@ pub struct NetConf {
     /// DNS settings echoed into the result.
     #[serde(default)]
     pub dns: Option<serde_json::Value>,
-    /// Capability arguments from the runtime.
-    #[serde(default)]
+    /// Capability arguments from the runtime (keys matched like Go's
+    /// decoder does, see [`RuntimeConfig`]).
+    #[serde(default, deserialize_with = "runtime_config_folded")]
     pub runtime_config: RuntimeConfig,
     /// Conventional `args` (`{"cni": {"ips": [...]}}`).
     #[serde(default)]
@@ -96,11 +97,19 @@ pub struct Attachment {
 }
 
 /// `runtimeConfig` capabilities rivet consumes.
+///
+/// Runtimes built on Go's CNI library (containerd's CRI plugin among them)
+/// serialize capability arguments with Go field names
+/// (`{"HostPort":18080,"ContainerPort":8080,"Protocol":"tcp","HostIP":""}`),
+/// and the reference plugins accept them because Go's JSON decoder matches
+/// object keys to fields case-insensitively. This section is decoded the
+/// same way: keys are folded to lower case first ([`Folded`]; of two
+/// keys that fold alike the later wins, as in Go; `null` is absence), so
+/// the field names below are the folded ones.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct RuntimeConfig {
     /// `portMappings`.
-    #[serde(default)]
+    #[serde(default, rename = "portmappings")]
     pub port_mappings: Vec<PortMappingConf>,
     /// `bandwidth`.
     #[serde(default)]
@@ -110,38 +119,114 @@ pub struct RuntimeConfig {
     pub ips: Vec<String>,
 }
 
-/// A port mapping as runtimes send it.
+/// A port mapping as runtimes send it (keys folded, see [`RuntimeConfig`]).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct PortMappingConf {
     /// Node port.
+    #[serde(rename = "hostport")]
     pub host_port: i64,
     /// Pod port.
+    #[serde(rename = "containerport")]
     pub container_port: i64,
     /// `tcp` (default), `udp` or `sctp`, any case.
     #[serde(default)]
     pub protocol: Option<String>,
     /// Node address, empty for all.
-    #[serde(default, rename = "hostIP")]
+    #[serde(default, rename = "hostip")]
     pub host_ip: Option<String>,
 }
 
-/// Bandwidth as runtimes send it (bits per second, bits).
+/// Bandwidth as runtimes send it (bits per second, bits; keys folded, see
+/// [`RuntimeConfig`]).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct BandwidthConf {
     /// Ingress rate.
-    #[serde(default)]
+    #[serde(default, rename = "ingressrate")]
     pub ingress_rate: Option<u64>,
     /// Ingress burst.
-    #[serde(default)]
+    #[serde(default, rename = "ingressburst")]
     pub ingress_burst: Option<u64>,
     /// Egress rate.
-    #[serde(default)]
+    #[serde(default, rename = "egressrate")]
     pub egress_rate: Option<u64>,
     /// Egress burst.
-    #[serde(default)]
+    #[serde(default, rename = "egressburst")]
     pub egress_burst: Option<u64>,
+}
+
+/// A JSON value read with every object key lower-cased, in document order:
+/// of keys that fold alike the later one wins and a `null` member leaves
+/// the earlier value alone — what Go's decoder does with a struct's fields.
+pub struct Folded(pub serde_json::Value);
+
+impl<'de> Deserialize<'de> for Folded {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FoldVisitor).map(Folded)
+    }
+}
+
+struct FoldVisitor;
+
+impl<'de> serde::de::Visitor<'de> for FoldVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Folded(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(items.into())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = serde_json::Map::new();
+        while let Some((key, Folded(v))) = map.next_entry::<String, Folded>()? {
+            if !v.is_null() {
+                members.insert(key.to_lowercase(), v);
+            }
+        }
+        Ok(members.into())
+    }
+}
+
+fn runtime_config_folded<'de, D>(d: D) -> Result<RuntimeConfig, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    let Folded(raw) = Folded::deserialize(d)?;
+    if raw.is_null() {
+        return Ok(RuntimeConfig::default());
+    }
+    serde_json::from_value(raw).map_err(|e| D::Error::custom(format!("runtimeConfig: {e}")))
 }
 
 /// Conventional `args`.
@@ -483,6 +568,45 @@ mod tests {
                 conf(&format!(r#","runtimeConfig":{{"portMappings":[{bad}]}}"#)).expect("decodes");
             assert_eq!(c.port_mappings().expect_err(bad).code, 7, "{bad}");
         }
+    }
+
+    #[test]
+    fn go_field_names_accepted_like_the_reference_plugins() {
+        // containerd 1.6's CRI plugin, byte for byte.
+        let c = conf(r#","runtimeConfig":{"portMappings":[{"HostPort":18080,"ContainerPort":8080,"Protocol":"tcp","HostIP":""}],"bandwidth":{"IngressRate":1000000,"IngressBurst":2000000,"EgressRate":3000000,"EgressBurst":4000000}}"#)
+            .expect("Go field names decode");
+        let pms = c.port_mappings().expect("valid mappings");
+        assert_eq!(
+            pms,
+            vec![PortMapping {
+                host_port: 18080,
+                container_port: 8080,
+                protocol: Protocol::Tcp,
+                host_ip: None,
+            }],
+            "HostIP \"\" is every node address"
+        );
+        assert_eq!(
+            c.bandwidth(),
+            Some(Bandwidth {
+                ingress_rate: Some(1_000_000),
+                ingress_burst: Some(2_000_000),
+                egress_rate: Some(3_000_000),
+                egress_burst: Some(4_000_000),
+            })
+        );
+        // Any case; of two spellings the later wins; null leaves it alone.
+        let c = conf(r#","RUNTIMECONFIG":null,"runtimeConfig":{"PORTMAPPINGS":[{"hostport":1,"HOSTPORT":2,"containerPORT":3,"hostIp":null,"protocol":"UDP"}]}"#)
+            .expect("decodes");
+        let pms = c.port_mappings().expect("valid");
+        assert_eq!((pms[0].host_port, pms[0].container_port), (2, 3));
+        assert_eq!(pms[0].protocol, Protocol::Udp);
+        assert_eq!(pms[0].host_ip, None);
+        // A missing port is still an error, named.
+        let e = conf(r#","runtimeConfig":{"portMappings":[{"ContainerPort":80}]}"#)
+            .expect_err("no host port");
+        assert_eq!(e.code, 6);
+        assert!(e.details.contains("hostport"), "{}", e.details);
     }
 
     #[test]

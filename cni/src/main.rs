@@ -4,8 +4,15 @@
 //! unix socket (default /run/rivet/rivetd.sock, or the config's `socket`).
 //! One function per verb; errors are spec JSON on stdout with exit status 1,
 //! logs go to stderr. When the agent is down, ADD fails fast with code 11,
-//! STATUS reports 50, and DEL still succeeds after removing what it can
-//! locally (the agent reconciles the rest when it returns).
+//! STATUS reports 50 (also when the agent answers but is not ready, with
+//! its reason), and DEL still succeeds after removing what it can locally
+//! (the agent reconciles the rest when it returns). DEL never fails because
+//! its configuration does not decode: it removes the attachment its
+//! container ID and ifname name.
+//!
+//! Every request names the network (the conflist's `name`): the CNI
+//! attachment key is (network, container ID, ifname), and GC of one
+//! network never touches another's attachments.
 
 use std::{
     io::{Read as _, Write as _},
@@ -67,7 +74,24 @@ fn run(args: &Args, stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError>
     if args.command == Command::Version {
         return Ok(Some(skel::version_json()));
     }
-    let conf = rivet_cni::decode_config(args, stdin)?;
+    let conf = match rivet_cni::decode_config(args, stdin) {
+        Ok(conf) => conf,
+        Err(e) if args.command == Command::Del && e.code != code::INCOMPATIBLE_VERSION => {
+            // DEL never fails because its configuration cannot be decoded:
+            // a runtime whose DEL fails keeps the sandbox forever. Clean up
+            // what the container ID and ifname name, on whatever network.
+            let lenient = DelFallback::read(stdin);
+            eprintln!(
+                "rivet-cni: DEL with an undecodable configuration ({e}); removing container {} interface {} through {}",
+                args.container_id,
+                args.ifname,
+                lenient.socket.display()
+            );
+            let client = Client::new(&lenient.socket).with_timeout(AGENT_TIMEOUT);
+            return del_attachment(args, None, &client).map(|()| None);
+        }
+        Err(e) => return Err(e),
+    };
     let client = Client::new(conf.socket()).with_timeout(AGENT_TIMEOUT);
     match args.command {
         Command::Add => cmd_add(args, &conf, stdin, &client).map(Some),
@@ -174,6 +198,7 @@ fn cmd_add(
         None => requested,
     };
     let spec = EndpointSpec {
+        network: Some(conf.name.clone()),
         ifname: args.ifname.clone(),
         ip,
         ranges: if delegated.is_some() {
@@ -216,9 +241,38 @@ fn cmd_add(
     ))
 }
 
+/// What DEL can still read from a configuration that does not decode.
+struct DelFallback {
+    /// The config's `socket` if it is a JSON object with a string there,
+    /// else the default.
+    socket: std::path::PathBuf,
+}
+
+impl DelFallback {
+    fn read(stdin: &[u8]) -> Self {
+        let socket = serde_json::from_slice::<serde_json::Value>(stdin)
+            .ok()
+            .and_then(|v| v.get("socket")?.as_str().map(std::path::PathBuf::from))
+            .unwrap_or_else(|| std::path::PathBuf::from(rivet_cni::conf::DEFAULT_SOCKET));
+        Self { socket }
+    }
+}
+
 fn cmd_del(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
+    del_attachment(args, Some(&conf.name), client)?;
+    if let Some(name) = conf.delegated_ipam() {
+        delegate::run(name, "DEL", args, stdin)?;
+    }
+    Ok(())
+}
+
+/// Removes the attachment (container ID, ifname) of `network` (of any
+/// network when `None`) through the agent, or the veth locally when the
+/// agent is down.
+fn del_attachment(args: &Args, network: Option<&str>, client: &Client) -> Result<(), CniError> {
     refuse_own_netns(args)?;
-    let r = EndpointRef::new(&args.container_id, &args.ifname);
+    let mut r = EndpointRef::new(&args.container_id, &args.ifname);
+    r.network = network.map(str::to_owned);
     match client.call(&Request::EndpointDel(r)) {
         Ok(_) => {}
         Err(ClientError::Connect { path, source }) => {
@@ -242,9 +296,6 @@ fn cmd_del(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result
         }
         Err(e) => return Err(agent_error(e)),
     }
-    if let Some(name) = conf.delegated_ipam() {
-        delegate::run(name, "DEL", args, stdin)?;
-    }
     Ok(())
 }
 
@@ -261,6 +312,7 @@ fn cmd_check(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Resu
         container_id: args.container_id.clone(),
         ifname: args.ifname.clone(),
         ip,
+        network: Some(conf.name.clone()),
     })) {
         Ok(Response::Checked {}) => {}
         Ok(r) => {
@@ -296,6 +348,15 @@ fn cmd_status(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Res
             ));
         }
     };
+    if !status.ready {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "rivetd is not ready",
+            status
+                .not_ready
+                .unwrap_or_else(|| "the agent reports not ready".into()),
+        ));
+    }
     if conf.delegated_ipam().is_none() && status.pool.free() == 0 {
         return Err(CniError::new(
             code::NOT_AVAILABLE,
@@ -319,6 +380,7 @@ fn cmd_status(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Res
 
 fn cmd_gc(args: &Args, conf: &NetConf, stdin: &[u8], client: &Client) -> Result<(), CniError> {
     match client.call(&Request::Gc(GcRequest {
+        network: conf.name.clone(),
         valid: conf.gc_keep(),
     })) {
         Ok(_) => {}

@@ -108,6 +108,7 @@ mod tests {
         Endpoint {
             container_id: "c".into(),
             ifname: "eth0".into(),
+            network: None,
             netns: "/run/netns/p".into(),
             ip: "10.1.0.5".parse().expect("ip"),
             mac: "02:00:00:00:00:01".into(),

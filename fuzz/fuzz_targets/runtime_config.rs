@@ -78,6 +78,21 @@ struct Input {
     cni_args: Vec<(Text, Text)>,
     /// A raw `runtimeConfig` value instead of the built one.
     raw: Option<String>,
+    /// Capability keys spelled with Go field names (`HostPort`, …), as
+    /// containerd sends them: the rules must not change.
+    go_names: bool,
+}
+
+/// A capability key as the input spells it.
+fn key(go_names: bool, camel: &'static str) -> String {
+    if !go_names {
+        return camel.to_owned();
+    }
+    let mut chars = camel.chars();
+    chars
+        .next()
+        .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
 }
 
 /// A mapping as the model sees it: hostPort, containerPort, protocol, hostIP.
@@ -118,15 +133,17 @@ fuzz_target!(|input: Input| {
         .mappings
         .iter()
         .map(|m| {
-            let mut v =
-                json!({"hostPort": m.host_port.value(), "containerPort": m.container_port.value()});
+            let k = |camel| key(input.go_names, camel);
+            let mut v = serde_json::Map::new();
+            v.insert(k("hostPort"), json!(m.host_port.value()));
+            v.insert(k("containerPort"), json!(m.container_port.value()));
             if let Some(p) = &m.protocol {
-                v["protocol"] = json!(p.render());
+                v.insert(k("protocol"), json!(p.render()));
             }
             if let Some(ip) = &m.host_ip {
-                v["hostIP"] = json!(ip.render());
+                v.insert(k("hostIP"), json!(ip.render()));
             }
-            v
+            Value::Object(v)
         })
         .collect();
     let mut runtime = json!({
@@ -134,8 +151,17 @@ fuzz_target!(|input: Input| {
         "ips": input.ips.iter().map(Text::render).collect::<Vec<_>>(),
     });
     if let Some([a, b, c, d]) = input.bandwidth {
-        runtime["bandwidth"] =
-            json!({"ingressRate": a, "ingressBurst": b, "egressRate": c, "egressBurst": d});
+        let k = |camel| key(input.go_names, camel);
+        let mut bw = serde_json::Map::new();
+        for (name, v) in [
+            ("ingressRate", a),
+            ("ingressBurst", b),
+            ("egressRate", c),
+            ("egressBurst", d),
+        ] {
+            bw.insert(k(name), json!(v));
+        }
+        runtime["bandwidth"] = Value::Object(bw);
     }
     let runtime = match &input.raw {
         Some(raw) => match serde_json::from_str::<Value>(raw) {

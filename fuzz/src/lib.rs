@@ -106,6 +106,7 @@ pub fn endpoint(container_id: &str, ifname: &str, ip: Ipv4Addr) -> Endpoint {
     Endpoint {
         container_id: container_id.to_owned(),
         ifname: ifname.to_owned(),
+        network: None,
         netns: format!("/run/netns/{container_id}"),
         ip,
         mac: "02:72:0a:f4:01:02".to_owned(),

@@ -628,10 +628,8 @@ impl World {
         match self.nodes[pod.node]
             .agent()
             .client()
-            .call(&Request::EndpointDel(EndpointRef {
-                container_id: pod.name.clone(),
-                ifname: "eth0".into(),
-            })) {
+            .call(&Request::EndpointDel(EndpointRef::new(&pod.name, "eth0")))
+        {
             Ok(Response::Deleted { existed }) => existed,
             other => panic!("deleting pod {}: {other:?}", pod.name),
         }

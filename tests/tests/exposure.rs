@@ -79,7 +79,10 @@ fn sysctl(ns: &Netns, key: &str) -> String {
 #[test]
 fn state_socket_and_pins_are_root_only() {
     let mut w = World::new();
-    let n = w.add_node_with_agent();
+    let n = w.add_node();
+    // A socket directory of the agent's own (it creates it).
+    w.nodes[n].agent_args.socket = w.dir().join("run-n1").join("rivetd.sock");
+    w.start_agent(n);
     let p = w.add_pod_with_ports(
         n,
         vec![PortMapping {
@@ -119,7 +122,7 @@ fn state_socket_and_pins_are_root_only() {
     }
     assert_eq!(mode(&args.socket), 0o600, "API socket");
     let sock_dir = args.socket.parent().expect("socket dir");
-    assert_eq!(mode(sock_dir), 0o700, "socket directory");
+    assert_eq!(mode(sock_dir), 0o700, "the agent's own socket directory");
 
     // nobody: no API, no pins, no records.
     let out = rivetctl_status_as_nobody(&args.socket, &[]);
@@ -200,6 +203,39 @@ fn socket_group_members_may_use_the_api_others_not() {
         "{}",
         String::from_utf8_lossy(&other.stderr)
     );
+}
+
+#[test]
+fn a_shared_socket_directory_keeps_its_mode() {
+    // Two shared directories a socket may be put in: a /run-like 0755 one
+    // and a /tmp-like sticky 1777 one, with and without the socket group.
+    for (dir_mode, group) in [(0o755, false), (0o1777, true)] {
+        let mut w = World::new();
+        let n = w.add_node();
+        let shared = w.dir().join(format!("shared-{dir_mode:o}"));
+        std::fs::create_dir(&shared).expect("shared dir");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(dir_mode))
+            .expect("chmod");
+        let gid_before = std::fs::metadata(&shared).expect("stat").gid();
+        let socket = shared.join("rivetd.sock");
+        w.nodes[n].agent_args.socket = socket.clone();
+        if group {
+            w.nodes[n].agent_args.extra_args = vec!["--socket-group".into(), GROUP.into()];
+        }
+        w.start_agent(n);
+
+        let meta = std::fs::metadata(&shared).expect("stat shared dir");
+        assert_eq!(
+            (meta.permissions().mode() & 0o7777, meta.gid()),
+            (dir_mode, gid_before),
+            "the agent changed the mode or group of the shared directory {}",
+            shared.display()
+        );
+        let want = if group { 0o660 } else { 0o600 };
+        assert_eq!(mode(&socket), want, "the socket itself is restricted");
+        let other = rivetctl_status_as_nobody(&socket, &[]);
+        assert!(!other.status.success(), "a non-member used the API");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! What an operator sees: Prometheus metrics that move with traffic, the
 //! health and readiness endpoints (not ready while the cluster store is
-//! away), and rivetctl's listings — all against a real agent.
+//! away; CNI STATUS then fails with code 50), and rivetctl's listings — all
+//! against a real agent.
 
 use std::{
     io::Read as _,
@@ -11,6 +12,7 @@ use std::{
 
 use rivet_tests::{
     World, bin,
+    cni::{Plugin, rivet_conf},
     metrics::{METRICS_PORT, http_get, sample},
     traffic::assert_ping,
 };
@@ -143,10 +145,24 @@ fn not_ready_while_the_cluster_store_is_away() {
     };
     wait(&w, 200, "ready once registered");
     assert!(rivetctl(&socket, &["status"]).status.success());
+    let plugin = Plugin::rivet(&w.nodes[n].ns.path());
+    let conf = rivet_conf("1.1.0", &socket);
+    plugin
+        .simple("STATUS", &conf)
+        .expect_ok("CNI STATUS while ready");
 
     drop(w.etcd.take());
     let why = wait(&w, 503, "not ready without etcd");
     assert!(why.contains("etcd"), "{why}");
+    // The agent answers but is not ready: CNI STATUS says so (code 50),
+    // with the agent's reason.
+    let msg = plugin
+        .simple("STATUS", &conf)
+        .expect_code(50, "CNI STATUS while not ready");
+    assert!(
+        msg.contains("not ready") && msg.contains("etcd"),
+        "STATUS names the reason: {msg}"
+    );
     let out = rivetctl(&socket, &["status"]);
     assert!(!out.status.success(), "status must fail when not ready");
     assert!(
@@ -160,6 +176,9 @@ fn not_ready_while_the_cluster_store_is_away() {
 
     w.start_etcd();
     wait(&w, 200, "ready again once etcd is back");
+    plugin
+        .simple("STATUS", &conf)
+        .expect_ok("CNI STATUS ready again");
 }
 
 /// Runs `rivetctl -o json monitor ARGS` in the background; its events

@@ -384,10 +384,10 @@ fn endpoint_conflicts_and_bad_requests() {
     assert!(w.del_pod(a));
     assert!(!w.del_pod(a));
     assert!(matches!(
-        client.call(&Request::EndpointDel(rivet_api::EndpointRef {
-            container_id: "never-added".into(),
-            ifname: "eth0".into()
-        })),
+        client.call(&Request::EndpointDel(rivet_api::EndpointRef::new(
+            "never-added",
+            "eth0"
+        ))),
         Ok(Response::Deleted { existed: false })
     ));
     w.nodes[n].assert_no_pod_state("after DEL");

@@ -465,8 +465,8 @@ impl Agent {
                 Ok(Response::Checked {})
             }
             Request::Gc(gc) => {
-                let removed = endpoints.gc(&gc.valid, &self.nl, dp).await?;
-                tracing::info!(removed = removed.len(), kept = gc.valid.len(), "gc");
+                let removed = endpoints.gc(&gc.network, &gc.valid, &self.nl, dp).await?;
+                tracing::info!(network = %gc.network, removed = removed.len(), kept = gc.valid.len(), "gc");
                 Ok(Response::Collected { removed })
             }
             Request::EndpointList {} => Ok(Response::Endpoints {
@@ -795,11 +795,18 @@ pub fn map_warnings(maps: &[rivet_api::MapUsage]) -> Vec<String> {
     out
 }
 
-/// Binds the API socket: parent directory 0700, stale socket replaced (the
-/// pin lock proves no other agent owns it), socket 0600 — root only. With
-/// `group` (config `socket_group`), the directory becomes 0710 and the
-/// socket 0660, both owned by that group: its members may connect, nobody
-/// else can even reach the path.
+/// Name of a socket directory that is the agent's own (see [`bind`]).
+const OWN_SOCKET_DIR: &str = "rivet";
+
+/// Binds the API socket: stale socket replaced (the pin lock proves no
+/// other agent owns it), socket 0600 — root only. With `group` (config
+/// `socket_group`) the socket is 0660 and owned by that group: its members
+/// may connect. The parent directory is restricted only when it is the
+/// agent's own — one it creates, or one named `rivet` (the default
+/// `/run/rivet`, kept across restarts): 0700, or 0710 owned by the group,
+/// so nobody else can even reach the path. Any other directory that already
+/// exists (`/run`, `/tmp`, a shared runtime directory) is never changed;
+/// the socket's own mode guards it there.
 pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, AgentError> {
     let sock_err = |source| AgentError::Socket {
         path: path.display().to_string(),
@@ -819,9 +826,17 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, AgentError
                 .gid,
         ),
     };
-    if let Some(dir) = path.parent() {
-        store::create_private_dir(dir)?;
-    }
+    let own_dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if !dir.exists() || dir.file_name() == Some(OWN_SOCKET_DIR.as_ref()) => {
+            store::create_private_dir(dir)?;
+            Some(dir)
+        }
+        Some(dir) => {
+            tracing::debug!(dir = %dir.display(), "socket directory exists; its mode is left alone");
+            None
+        }
+        None => None,
+    };
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -835,7 +850,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, AgentError
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(sock_err)
         };
         chgrp(path, 0o660)?;
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = own_dir {
             chgrp(dir, 0o710)?;
         }
     }

@@ -140,6 +140,18 @@ pub fn validate_container_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A CNI network name as the spec allows it (`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`).
+pub fn validate_network_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+        return Err(format!(
+            "network name {name:?} must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
+        ));
+    }
+    Ok(())
+}
+
 /// Node settings the endpoint manager needs.
 #[derive(Debug, Clone)]
 pub struct EndpointSettings {
@@ -804,6 +816,9 @@ impl Endpoints {
         local: &HashSet<Ipv4Addr>,
     ) -> Result<(), EndpointError> {
         validate_container_id(&spec.container_id).map_err(EndpointError::BadRequest)?;
+        if let Some(network) = &spec.network {
+            validate_network_name(network).map_err(EndpointError::BadRequest)?;
+        }
         validate_ifname(&spec.ifname)
             .map_err(|r| EndpointError::BadRequest(format!("ifname {:?}: {r}", spec.ifname)))?;
         if spec.netns.is_empty() {
@@ -928,6 +943,7 @@ impl Endpoints {
         let record = Endpoint {
             container_id: spec.container_id.clone(),
             ifname: spec.ifname.clone(),
+            network: spec.network.clone(),
             netns: spec.netns.clone(),
             ip,
             mac: String::new(),
@@ -1176,6 +1192,14 @@ impl Endpoints {
             .by_ref
             .get(&(r.container_id.clone(), r.ifname.clone()))
             .cloned();
+        if record
+            .as_ref()
+            .is_some_and(|ep| !ep.belongs_to(r.network.as_deref()))
+        {
+            // Another network's attachment (its veth has the same derived
+            // name): not this DEL's to touch.
+            return Ok((false, None));
+        }
         let mut existed = record.is_some();
         // A veth already being deleted after an earlier DEL is not "there".
         let link = match nl.link_by_name(&host).await? {
@@ -1245,10 +1269,19 @@ impl Endpoints {
         dp: &Datapath,
     ) -> Result<(), EndpointError> {
         let missing = |m: String| Err(EndpointError::Missing(m));
-        let Some(ep) = self.by_ref.get(&(c.container_id.clone(), c.ifname.clone())) else {
+        let Some(ep) = self
+            .by_ref
+            .get(&(c.container_id.clone(), c.ifname.clone()))
+            .filter(|ep| ep.belongs_to(c.network.as_deref()))
+        else {
             return missing(format!(
-                "no lease for container {} interface {}",
-                c.container_id, c.ifname
+                "no lease for container {} interface {}{}",
+                c.container_id,
+                c.ifname,
+                c.network
+                    .as_deref()
+                    .map(|n| format!(" in network {n}"))
+                    .unwrap_or_default()
             ));
         };
         if ep.state != EndpointState::Ready {
@@ -1337,14 +1370,19 @@ impl Endpoints {
         })
     }
 
-    /// CNI GC: removes every attachment not in `valid`, and every `rv…`
-    /// veth that no record owns. Returns what was removed.
+    /// CNI GC of one network: removes every attachment recorded with
+    /// `network` that is not in `valid`, and every `rv…` veth that no
+    /// record owns. Attachments of other networks and those recorded
+    /// without a network (agent API, older records) are left alone.
+    /// Returns what was removed.
     pub async fn gc(
         &mut self,
+        network: &str,
         valid: &[EndpointRef],
         nl: &Netlink,
         dp: &mut Datapath,
     ) -> Result<Vec<EndpointRef>, EndpointError> {
+        validate_network_name(network).map_err(EndpointError::BadRequest)?;
         self.generation += 1;
         let keep: HashSet<(String, String)> = valid
             .iter()
@@ -1353,6 +1391,7 @@ impl Endpoints {
         let doomed: Vec<EndpointRef> = self
             .by_ref
             .values()
+            .filter(|e| e.network.as_deref() == Some(network))
             .filter(|e| !keep.contains(&(e.container_id.clone(), e.ifname.clone())))
             .map(Endpoint::reference)
             .collect();
@@ -1607,6 +1646,7 @@ impl Endpoints {
             let ep = Endpoint {
                 container_id,
                 ifname,
+                network: None,
                 netns: field("netns").unwrap_or_default(),
                 ip: *ip,
                 mac: format_mac(&info.mac),

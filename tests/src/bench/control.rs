@@ -260,6 +260,7 @@ fn code_hostports(p: &mut PrivateDatapath, n: usize) -> (f64, f64) {
     let ep = Endpoint {
         container_id: "bench".into(),
         ifname: "eth0".into(),
+        network: None,
         netns: String::new(),
         ip: Ipv4Addr::new(10, 200, 0, 2),
         mac: String::new(),

@@ -173,6 +173,10 @@ pub struct PortmapEntry {
 pub struct EndpointSpec {
     /// Container (sandbox) ID; with `ifname` it names the attachment.
     pub container_id: String,
+    /// CNI network name (the conflist's `name`); `None` for attachments
+    /// made through the agent API. See [`Endpoint::network`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
     /// Path of the pod's network namespace (`/run/netns/x`, `/proc/<pid>/ns/net`).
     pub netns: String,
     /// Interface name inside the pod.
@@ -204,6 +208,7 @@ impl EndpointSpec {
     pub fn new(container_id: impl Into<String>, netns: impl Into<String>) -> Self {
         Self {
             container_id: container_id.into(),
+            network: None,
             netns: netns.into(),
             ifname: default_ifname(),
             ip: None,
@@ -322,15 +327,26 @@ pub struct EndpointRef {
     /// Interface name inside the pod.
     #[serde(default = "default_ifname")]
     pub ifname: String,
+    /// CNI network name; `None` matches an attachment of any network (see
+    /// [`Endpoint::belongs_to`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 impl EndpointRef {
-    /// A reference.
+    /// A reference to an attachment of any network.
     pub fn new(container_id: impl Into<String>, ifname: impl Into<String>) -> Self {
         Self {
             container_id: container_id.into(),
             ifname: ifname.into(),
+            network: None,
         }
+    }
+
+    /// The same reference, limited to one CNI network.
+    pub fn in_network(mut self, network: impl Into<String>) -> Self {
+        self.network = Some(network.into());
+        self
     }
 }
 
@@ -346,13 +362,21 @@ pub struct EndpointCheck {
     /// The address the previous result reported, if any.
     #[serde(default)]
     pub ip: Option<Ipv4Addr>,
+    /// CNI network name; `None` matches any (see [`Endpoint::belongs_to`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
-/// CNI GC: the attachments that must survive.
+/// CNI GC of one network: its attachments that must survive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GcRequest {
-    /// Everything else is removed.
+    /// The CNI network collected. Only attachments recorded with this
+    /// network are candidates; other networks' attachments and those with
+    /// no network (made through the agent API, or recorded by an agent
+    /// that did not record networks) are never removed by GC.
+    pub network: String,
+    /// Every attachment of `network` not listed here is removed.
     pub valid: Vec<EndpointRef>,
 }
 
@@ -373,6 +397,11 @@ pub struct Endpoint {
     pub container_id: String,
     /// Interface name inside the pod.
     pub ifname: String,
+    /// The CNI network that made the attachment: the CNI attachment key is
+    /// (network, container ID, ifname). `None` for attachments made through
+    /// the agent API and for records written before networks were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
     /// Pod network namespace path given at creation.
     pub netns: String,
     /// The pod's address (a /32 on its interface).
@@ -411,7 +440,22 @@ pub struct Endpoint {
 impl Endpoint {
     /// The attachment's name.
     pub fn reference(&self) -> EndpointRef {
-        EndpointRef::new(&self.container_id, &self.ifname)
+        EndpointRef {
+            network: self.network.clone(),
+            ..EndpointRef::new(&self.container_id, &self.ifname)
+        }
+    }
+
+    /// Whether a DEL or CHECK naming `network` (with this container ID and
+    /// ifname) is about this attachment: a request without a network and a
+    /// record without one match any; otherwise the names must be equal.
+    /// (Container ID and ifname alone already name one interface in one pod
+    /// namespace, so two networks can never hold the same pair at once.)
+    pub fn belongs_to(&self, network: Option<&str>) -> bool {
+        match (network, self.network.as_deref()) {
+            (Some(asked), Some(ours)) => asked == ours,
+            _ => true,
+        }
     }
 }
 
@@ -912,13 +956,30 @@ mod tests {
     fn ifname_defaults_to_eth0() {
         let req: Request =
             serde_json::from_str(r#"{"op":"endpoint_del","container_id":"c1"}"#).expect("parse");
+        assert_eq!(req, Request::EndpointDel(EndpointRef::new("c1", "eth0")));
+    }
+
+    #[test]
+    fn network_scoping() {
+        let req: Request = serde_json::from_str(
+            r#"{"op":"endpoint_del","container_id":"c1","ifname":"net1","network":"a"}"#,
+        )
+        .expect("parse");
         assert_eq!(
             req,
-            Request::EndpointDel(EndpointRef {
-                container_id: "c1".into(),
-                ifname: "eth0".into()
-            })
+            Request::EndpointDel(EndpointRef::new("c1", "net1").in_network("a"))
         );
+        // A GC names its network; without one it is refused.
+        assert!(serde_json::from_str::<Request>(r#"{"op":"gc","valid":[]}"#).is_err());
+        let mut ep: Endpoint = serde_json::from_str(
+            r#"{"container_id":"c","ifname":"eth0","netns":"/x","ip":"10.0.0.2","mac":"","host_ifname":"rv","host_ifindex":1,"host_mac":"","mtu":1500,"gateway":"169.254.1.1","state":"ready"}"#,
+        )
+        .expect("a record written before networks were recorded");
+        assert_eq!(ep.network, None);
+        assert!(ep.belongs_to(Some("a")) && ep.belongs_to(None));
+        ep.network = Some("a".into());
+        assert!(ep.belongs_to(Some("a")) && ep.belongs_to(None));
+        assert!(!ep.belongs_to(Some("b")));
     }
 
     #[test]

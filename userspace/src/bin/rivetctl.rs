@@ -458,6 +458,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
                 container_id: container_id.clone(),
                 ifname: ifname.clone(),
                 ip: None,
+                network: None,
             }),
         },
     };
