@@ -6,8 +6,11 @@
 //!    the endpoint behind this veth and the source MAC its MAC.
 //! 4. Destination is a local pod → TTL−1, MACs rewritten, `bpf_redirect_peer`.
 //! 5. Tunnel packets (VXLAN port, IPIP) to any node → drop (injection).
-//! 6. Destination in a remote pod subnet → [`crate::remote`] (encap or
-//!    native route toward the owning node).
+//! 6. Destination in a remote pod subnet, or another node's own address
+//!    ([`crate::maps::remote_route`]) → [`crate::remote`] (encap or native
+//!    route toward that node, the way its pods are reached: no pod address
+//!    crosses the underlay raw in the tunnel modes). A hostPort pod's
+//!    answer to a pod on another node leaves the same way, translated.
 //! 7. Destination is the node → pass to the host stack; a fragment only
 //!    within the pod's fragment budget ([`crate::frag`]).
 //! 8. Destination outside the cluster (not in `NO_MASQ`, not a node) with
@@ -95,37 +98,64 @@ pub fn handle(ctx: &TcContext) -> i32 {
     };
     // A pod with hostPorts may be answering a connection that came in
     // through one: its source goes back to the node address and hostPort.
+    // An answer to a pod on another node leaves below, like the pod's own
+    // traffic there (one forwarding path for the verifier to walk).
+    let mut answered_remote = None;
     if src.flags & endpoint_flags::HOSTPORTS != 0 {
         let answered = if hdr.proto == IPPROTO_ICMP {
             nat_icmp::hostport_error_out(ctx, &cfg, &hdr, ip.ttl)
         } else {
             nat::hostport_reply(ctx, &cfg, &hdr, ip.ttl)
         };
-        if let Some(v) = answered {
-            return v;
+        match answered {
+            Some(nat::Answer::Done(v)) => return v,
+            Some(nat::Answer::Remote(route)) => answered_remote = Some(route),
+            None => {}
         }
     }
-    if let Some(peer) = maps::endpoint(dst) {
-        if ip.ttl <= 1 {
-            // The stack forwards nothing here but answers with time-exceeded.
-            return verdict::pass(ctx, Counter::PassTtl);
+    let route = match answered_remote {
+        Some(route) => route,
+        None => {
+            if let Some(peer) = maps::endpoint(dst) {
+                if ip.ttl <= 1 {
+                    // The stack forwards nothing here but answers with
+                    // time-exceeded.
+                    return verdict::pass(ctx, Counter::PassTtl);
+                }
+                ipv4::decrease_ttl(ip);
+                copy_mac(&mut eth.dst, &peer.mac);
+                copy_mac(&mut eth.src, &peer.host_mac);
+                return verdict::redirect_peer(ctx, peer.ifindex, Counter::FwdLocal);
+            }
+            // Tunnel traffic from a pod to any node is never legitimate: it
+            // would be decapsulated as if a node had sent it (tunnel
+            // injection). The header check first: the lookups run only for
+            // tunnel packets.
+            if is_tunnel(ctx, ip, cfg.vxlan_port as u16)
+                && (maps::is_local_addr(dst) || dst == cfg.node_ip || maps::peer(dst).is_some())
+            {
+                return verdict::drop(ctx, Counter::DropTunnelFromPod);
+            }
+            match maps::remote_route(dst) {
+                Some(route) => route,
+                None => return to_node_or_outside(ctx, &cfg, ip, &hdr, ifindex),
+            }
         }
-        ipv4::decrease_ttl(ip);
-        copy_mac(&mut eth.dst, &peer.mac);
-        copy_mac(&mut eth.src, &peer.host_mac);
-        return verdict::redirect_peer(ctx, peer.ifindex, Counter::FwdLocal);
-    }
-    // Tunnel traffic from a pod to any node is never legitimate: it would be
-    // decapsulated as if a node had sent it (tunnel injection).
-    // The header check first: the lookups run only for tunnel packets.
-    if is_tunnel(ctx, ip, cfg.vxlan_port as u16)
-        && (maps::is_local_addr(dst) || dst == cfg.node_ip || maps::peer(dst).is_some())
-    {
-        return verdict::drop(ctx, Counter::DropTunnelFromPod);
-    }
-    if let Some(route) = maps::route(dst) {
-        return remote::forward(ctx, &cfg, &route, Sender::Pod { ifindex, ep: src });
-    }
+    };
+    remote::forward(ctx, &cfg, &route, Sender::Pod { ifindex, ep: src })
+}
+
+/// The rest of a pod's traffic: to this node (its addresses and hostPorts)
+/// or out of the cluster (masqueraded), else to the stack.
+#[inline(always)]
+fn to_node_or_outside(
+    ctx: &TcContext,
+    cfg: &rivet_common::NodeConfig,
+    ip: &Ipv4Hdr,
+    hdr: &nat::Ip,
+    ifindex: u32,
+) -> i32 {
+    let dst = hdr.dst;
     if dst == cfg.node_ip || maps::is_local_addr(dst) {
         // A hostPort (a sibling's, or the pod's own: hairpin), reached
         // through the node's address.
@@ -134,7 +164,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
                 ifindex,
                 gateway: cfg.gateway,
             };
-            match nat::hostport_in(ctx, &hdr, client) {
+            match nat::hostport_in(ctx, hdr, client) {
                 nat::Reply::Deliver(ep) => {
                     if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
                         // SAFETY: bounds-checked; alignment 1; the
@@ -151,8 +181,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
         // pod: each pod pays for its own (`drop_frag_budget` past it).
         return frag::pass(ctx, hdr.src, hdr.frag, Counter::PassHost);
     }
-    // Other nodes route pod addresses themselves: no masquerade toward them
-    // (their own traffic to a pod gets its reply unchanged).
+    // Other nodes' addresses were sent to them above (a peer whose route
+    // mode an older agent did not record lands here): never masqueraded,
+    // their own traffic to a pod gets its reply unchanged.
     if let Some(nat) = maps::nat_config()
         && dst != cfg.node_ip
         && !maps::no_masquerade(dst)
@@ -161,7 +192,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
         if ip.ttl <= 1 {
             return verdict::pass(ctx, Counter::PassTtl);
         }
-        return nat::egress(ctx, &cfg, &nat, &hdr);
+        return nat::egress(ctx, cfg, &nat, hdr);
     }
     // The stack may reassemble these too (conntrack defragments what it
     // forwards): the same budget.

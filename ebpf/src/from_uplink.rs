@@ -4,9 +4,10 @@
 //!    accepted only from a known node (PEERS), with VNI and sizes checked,
 //!    decapsulated and delivered to the local pod with `bpf_redirect_peer`
 //!    (or to the node through `rivet_host` when the node itself is the
-//!    destination). Anything wrong is dropped with its reason — the idle
-//!    kernel vxlan device bound to the port (for receive GRO) never sees a
-//!    packet.
+//!    destination — after step 2's hostPort translation, so a pod on
+//!    another node reaches this node's hostPorts). Anything wrong is
+//!    dropped with its reason — the idle kernel vxlan device bound to the
+//!    port (for receive GRO) never sees a packet.
 //! 2. TCP/UDP to a hostPort on one of the node's addresses: destination
 //!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]).
 //!    Replies to masqueraded flows (addressed to the node IP, matching
@@ -66,16 +67,38 @@ pub fn handle(ctx: &TcContext) -> i32 {
     let (src, dst) = (addr(&ip.src), addr(&ip.dst));
 
     let to_node = dst == cfg.node_ip;
+    // A tunnel packet for a pod is delivered at once; one for the node (a
+    // pod on another node reaching this node's address or a hostPort) is
+    // decapsulated and goes on below as the inner packet.
+    let mut decapped = false;
     if to_node {
-        if ip.protocol == IPPROTO_UDP && udp_dport(ctx, ip) == Some(cfg.vxlan_port as u16) {
-            return vxlan_in(ctx, &cfg, ip, src);
-        }
-        if ip.protocol == IPPROTO_IPIP {
-            return ipip_in(ctx, &cfg, ip, src);
+        let tunnel =
+            if ip.protocol == IPPROTO_UDP && udp_dport(ctx, ip) == Some(cfg.vxlan_port as u16) {
+                Some(vxlan_in(ctx, &cfg, ip, src))
+            } else if ip.protocol == IPPROTO_IPIP {
+                Some(ipip_in(ctx, &cfg, ip, src))
+            } else {
+                None
+            };
+        match tunnel {
+            Some(Err(reason)) => return verdict::drop(ctx, reason),
+            Some(Ok((Target::Pod(ep), counter))) => {
+                return deliver(ctx, &cfg, Target::Pod(ep), counter);
+            }
+            Some(Ok((Target::Host, _))) => decapped = true,
+            None => {}
         }
     }
-    // Translations toward a pod: a hostPort on any node address; replies
-    // (and ICMP errors) of masqueraded flows on the node IP.
+    let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+        return verdict::drop(ctx, Counter::DropTunnelMalformed);
+    };
+    // SAFETY: bounds-checked after the last size change; alignment 1.
+    let ip = unsafe { &*ip };
+    let (src, dst) = (addr(&ip.src), addr(&ip.dst));
+    let to_node = dst == cfg.node_ip;
+    // Translations toward a pod: a hostPort on any node address (also for
+    // a remote pod's decapsulated packet); replies (and ICMP errors) of
+    // masqueraded flows on the node IP (only from the underlay).
     if (to_node || maps::is_local_addr(dst))
         && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
     {
@@ -93,6 +116,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
         }
         if matches!(answer, nat::Reply::NotOurs)
             && to_node
+            && !decapped
             && let Some(nat) = maps::nat_config()
         {
             counter = Counter::RevSnat;
@@ -106,6 +130,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
             nat::Reply::Done(v) => return v,
             nat::Reply::NotOurs => {}
         }
+    }
+    if decapped {
+        return to_host(ctx, &cfg, Counter::DeliverHost);
     }
     if to_node {
         if maps::route(src).is_some() && cfg.host_ifindex != 0 {
@@ -207,7 +234,12 @@ fn inner_target(
 }
 
 #[inline(always)]
-fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
+fn vxlan_in(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    ip: &Ipv4Hdr,
+    src: u32,
+) -> Result<(Target, Counter), Counter> {
     let checked = outer_ok(ctx, ip, src).and_then(|end| {
         let hdr = ptr_at::<VxlanEncap>(ctx, ETH_HLEN).ok_or(Counter::DropTunnelMalformed)?;
         // SAFETY: bounds-checked; alignment 1.
@@ -229,20 +261,23 @@ fn vxlan_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
         }
         inner_target(ctx, cfg, ETH_HLEN + VXLAN_OVERHEAD as usize, udp_end)
     });
-    match checked.and_then(|t| encap::strip(ctx, VXLAN_OVERHEAD).map(|()| t)) {
-        Ok(target) => deliver(ctx, cfg, target, Counter::DecapVxlan),
-        Err(reason) => verdict::drop(ctx, reason),
-    }
+    checked
+        .and_then(|t| encap::strip(ctx, VXLAN_OVERHEAD).map(|()| t))
+        .map(|t| (t, Counter::DecapVxlan))
 }
 
 #[inline(always)]
-fn ipip_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ipv4Hdr, src: u32) -> i32 {
+fn ipip_in(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    ip: &Ipv4Hdr,
+    src: u32,
+) -> Result<(Target, Counter), Counter> {
     let checked = outer_ok(ctx, ip, src)
         .and_then(|end| inner_target(ctx, cfg, ETH_HLEN + IPIP_OVERHEAD as usize, end));
-    match checked.and_then(|t| encap::strip(ctx, IPIP_OVERHEAD).map(|()| t)) {
-        Ok(target) => deliver(ctx, cfg, target, Counter::DecapIpip),
-        Err(reason) => verdict::drop(ctx, reason),
-    }
+    checked
+        .and_then(|t| encap::strip(ctx, IPIP_OVERHEAD).map(|()| t))
+        .map(|t| (t, Counter::DecapIpip))
 }
 
 /// Hands the (now plain) IPv4 packet to its pod, or to the node.

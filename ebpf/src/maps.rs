@@ -250,6 +250,22 @@ pub fn peer(addr: u32) -> Option<PeerInfo> {
     unsafe { PEERS.get(EndpointKey { addr }) }.copied()
 }
 
+/// How a pod reaches `addr` on another node: the route of its pod subnet,
+/// or — `addr` being another node's own address — that node, the way its
+/// pods are reached (encapsulated in the tunnel modes, so no pod address
+/// crosses the underlay raw; routed in native mode).
+#[inline(always)]
+pub fn remote_route(addr: u32) -> Option<RouteInfo> {
+    if let Some(route) = route(addr) {
+        return Some(route);
+    }
+    let peer = peer(addr)?;
+    (peer.route_mode != 0).then_some(RouteInfo {
+        node_ip: addr,
+        mode: peer.route_mode,
+    })
+}
+
 /// Numeric settings by `rivet_common::tunable` index (0: off/default).
 #[map]
 pub static TUNABLES: Array<u64> = Array::with_max_entries(rivet_common::TUNABLES_MAX, 0);

@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use rivet_common::{
     Counter, EndpointInfo, NAT_PROBES, NAT_UNANSWERED_REUSE_NS, NatConfig, NatEntry, NatKey,
-    NodeConfig, nat_dir, nat_flags, nat_stat,
+    NodeConfig, RouteInfo, nat_dir, nat_flags, nat_stat,
 };
 
 use crate::headers::EthHdr;
@@ -641,11 +641,22 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
     }
 }
 
+/// Where a pod's translated answer to a hostPort connection goes.
+pub enum Answer {
+    /// Decided here (the returned TC verdict).
+    Done(i32),
+    /// Translated; the client is a pod on another node: the caller sends
+    /// it on this route like the pod's own traffic there (the router hop,
+    /// TTL included, is the caller's).
+    Remote(RouteInfo),
+}
+
 /// A pod's packet that answers a hostPort connection: the source becomes
 /// the node address and hostPort the client used, then it goes to the
-/// client (a pod here, or out of the uplink). `None`: not such a reply.
+/// client (a pod here, a pod on another node through the overlay, or out of
+/// the uplink). `None`: not such a reply.
 #[inline(always)]
-pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Option<i32> {
+pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Option<Answer> {
     if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
         return None;
     }
@@ -668,7 +679,7 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
         flags | nat_flags::SEEN,
     );
     if ttl <= 1 {
-        return Some(verdict::pass(ctx, Counter::PassTtl));
+        return Some(Answer::Done(verdict::pass(ctx, Counter::PassTtl)));
     }
     // SAFETY: as in `touch`; address and port of an entry never change.
     let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
@@ -676,31 +687,68 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
     let hairpin = ip.dst == cfg.gateway;
     // Where it goes is settled before anything is rewritten: a packet
     // that cannot leave is dropped as it came.
-    let client = maps::endpoint(if hairpin { ip.src } else { ip.dst }).copied();
-    let hop = match client {
-        Some(_) => None,
-        None => match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
-            Some(hop) => Some(hop),
-            None => return Some(verdict::drop(ctx, Counter::DropNoRoute)),
-        },
+    let to = match client_of(ctx, cfg, addr, if hairpin { ip.src } else { ip.dst }) {
+        Ok(to) => to,
+        Err(v) => return Some(Answer::Done(v)),
     };
-    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
-        // SAFETY: bounds-checked; alignment 1; no helper ran since.
-        ipv4::decrease_ttl(unsafe { &mut *hdr });
+    if !matches!(to, AnswerTo::Elsewhere(_)) {
+        decrease_ttl(ctx);
     }
     if let Err(reason) = rewrite(ctx, &l4, false, (ip.src, addr), (l4.sport, port)) {
-        return Some(verdict::drop(ctx, reason));
+        return Some(Answer::Done(verdict::drop(ctx, reason)));
     }
     if hairpin && let Err(reason) = rewrite_addr(ctx, &l4, true, (ip.dst, ip.src)) {
-        return Some(verdict::drop(ctx, reason));
+        return Some(Answer::Done(verdict::drop(ctx, reason)));
     }
-    if let Some(client) = client {
-        return Some(to_pod(ctx, &client, Counter::RevDnat));
+    Some(send_to(ctx, to))
+}
+
+/// Where the client of a hostPort connection is, as seen from the pod
+/// answering it.
+pub enum AnswerTo {
+    /// A pod on this node.
+    Local(EndpointInfo),
+    /// A pod on another node: through the overlay (or routed natively).
+    Elsewhere(RouteInfo),
+    /// Anything else: out of the uplink through this hop.
+    Underlay(fib::NextHop),
+}
+
+/// Finds the client at `dst` for an answer leaving as node address `from`;
+/// `Err` is the verdict when it cannot be reached.
+#[inline(always)]
+pub fn client_of(ctx: &TcContext, cfg: &NodeConfig, from: u32, dst: u32) -> Result<AnswerTo, i32> {
+    if let Some(ep) = maps::endpoint(dst) {
+        return Ok(AnswerTo::Local(*ep));
     }
-    Some(match hop {
-        Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
-        None => verdict::drop(ctx, Counter::DropNoRoute),
-    })
+    if let Some(route) = maps::route(dst) {
+        return Ok(AnswerTo::Elsewhere(route));
+    }
+    match fib::lookup(ctx, from, dst, cfg.uplink_ifindex) {
+        Some(hop) => Ok(AnswerTo::Underlay(hop)),
+        None => Err(verdict::drop(ctx, Counter::DropNoRoute)),
+    }
+}
+
+/// The router hop of an answer that leaves here (the overlay path takes
+/// its own).
+#[inline(always)]
+pub fn decrease_ttl(ctx: &TcContext) {
+    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
+        // SAFETY: bounds-checked; alignment 1; the pointer is derived
+        // after the last helper that moved or rewrote packet data.
+        ipv4::decrease_ttl(unsafe { &mut *hdr });
+    }
+}
+
+/// Sends a translated answer to its client.
+#[inline(always)]
+pub fn send_to(ctx: &TcContext, to: AnswerTo) -> Answer {
+    match to {
+        AnswerTo::Local(ep) => Answer::Done(to_pod(ctx, &ep, Counter::RevDnat)),
+        AnswerTo::Elsewhere(route) => Answer::Remote(route),
+        AnswerTo::Underlay(hop) => Answer::Done(verdict::transmit(ctx, &hop, Counter::RevDnat)),
+    }
 }
 
 /// Hands an already routed (TTL done) packet to a local pod.

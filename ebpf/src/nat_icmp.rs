@@ -10,7 +10,8 @@
 //! - to a node address about a hostPort connection's answer → the pod
 //!   (the same rewrites);
 //! - from a pod about a packet that reached it through a hostPort → the
-//!   client, as the node (outer source, quoted destination and port).
+//!   client (here, on another node through the overlay, or on the
+//!   underlay), as the node (outer source, quoted destination and port).
 //! - from a pod about a packet that reached it through the masquerade
 //!   (a reply of one of its flows) → the remote, as the node (the same
 //!   rewrites, to the flow's NAT port). Any other ICMP a pod sends toward
@@ -25,12 +26,9 @@ use aya_ebpf::programs::TcContext;
 use rivet_common::{Counter, NatKey, NodeConfig, nat_dir};
 
 use crate::{
-    fib,
-    headers::{ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr},
-    ipv4,
+    headers::{ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
     maps::{self, NAT},
-    nat::{ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IP_SRC, Ip, Reply, to_pod},
-    packet::ptr_at,
+    nat::{self, ICMP_ECHO_REQUEST, IP_CSUM, IP_DST, IP_SRC, Ip, Reply},
     verdict,
 };
 
@@ -179,9 +177,15 @@ fn deliver(ctx: &TcContext, q: &Quoted, (node, pod): (u32, u32), ports: (u16, u1
 
 /// An error a pod sends about a packet that reached it through a hostPort
 /// (the quoted packet: client → pod, container port): it leaves as the
-/// node address and hostPort the client used. `None`: not such an error.
+/// node address and hostPort the client used, toward the client wherever
+/// it is ([`nat::client_of`]). `None`: not such an error.
 #[inline(always)]
-pub fn hostport_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Option<i32> {
+pub fn hostport_error_out(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    ip: &Ip,
+    ttl: u8,
+) -> Option<nat::Answer> {
     let q = quoted(ctx, ip)?;
     if q.dst != ip.src || q.proto == IPPROTO_ICMP {
         return None;
@@ -191,32 +195,21 @@ pub fn hostport_error_out(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -
     // SAFETY: as in `snat_error`.
     let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
     if ttl <= 1 {
-        return Some(verdict::pass(ctx, Counter::PassTtl));
+        return Some(nat::Answer::Done(verdict::pass(ctx, Counter::PassTtl)));
     }
     // Where it goes is settled before anything is rewritten: a packet
     // that cannot leave is dropped as it came.
-    let client = maps::endpoint(ip.dst).copied();
-    let hop = match client {
-        Some(_) => None,
-        None => match fib::lookup(ctx, addr, ip.dst, cfg.uplink_ifindex) {
-            Some(hop) => Some(hop),
-            None => return Some(verdict::drop(ctx, Counter::DropNoRoute)),
-        },
+    let to = match nat::client_of(ctx, cfg, addr, ip.dst) {
+        Ok(to) => to,
+        Err(v) => return Some(nat::Answer::Done(v)),
     };
-    if let Some(hdr) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) {
-        // SAFETY: bounds-checked; alignment 1; no helper ran since.
-        ipv4::decrease_ttl(unsafe { &mut *hdr });
+    if !matches!(to, nat::AnswerTo::Elsewhere(_)) {
+        nat::decrease_ttl(ctx);
     }
     if let Err(reason) = translate(ctx, &q, true, (ip.src, addr), (q.dport, port)) {
-        return Some(verdict::drop(ctx, reason));
+        return Some(nat::Answer::Done(verdict::drop(ctx, reason)));
     }
-    if let Some(client) = client {
-        return Some(to_pod(ctx, &client, Counter::RevDnat));
-    }
-    Some(match hop {
-        Some(hop) => verdict::transmit(ctx, &hop, Counter::RevDnat),
-        None => verdict::drop(ctx, Counter::DropNoRoute),
-    })
+    Some(nat::send_to(ctx, to))
 }
 
 /// An error a pod sends about a packet that reached it through the

@@ -384,7 +384,7 @@ impl Harness {
                     vtep_mac: PEER_VTEP,
                     _pad: [0; 2],
                     vni: VNI,
-                    flags: 0,
+                    route_mode: mode,
                 },
                 0,
             )

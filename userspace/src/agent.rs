@@ -234,7 +234,7 @@ impl Agent {
         let cfg_etcd = cfg.etcd.is_some();
         let cfg_pin_dir = cfg.pin_dir.clone();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
-        cluster.restore(&dp)?;
+        cluster.restore(&mut dp)?;
 
         dp.write_nat_config(crate::nat::datapath_config(&cfg.nat))?;
         dp.write_nat_limits(crate::nat::datapath_limits(&cfg.nat))?;

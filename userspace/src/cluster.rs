@@ -133,9 +133,23 @@ impl Cluster {
         }
     }
 
-    /// Rebuilds the view from the pinned maps (a restarted agent).
-    pub fn restore(&mut self, dp: &Datapath) -> Result<(), ClusterError> {
+    /// Rebuilds the view from the pinned maps (a restarted agent). Peers
+    /// whose route mode is not this agent's (written by an agent that did
+    /// not record it, or under another mode) are rewritten.
+    pub fn restore(&mut self, dp: &mut Datapath) -> Result<(), ClusterError> {
         let peers: BTreeMap<Ipv4Addr, PeerInfo> = dp.list_peers()?.into_iter().collect();
+        for (ip, peer) in &peers {
+            let mode = self.route_mode(*ip);
+            if peer.route_mode != mode {
+                dp.put_peer(
+                    *ip,
+                    PeerInfo {
+                        route_mode: mode,
+                        ..*peer
+                    },
+                )?;
+            }
+        }
         for (subnet, route) in dp.list_routes()? {
             let node_ip = Ipv4Addr::from(rivet_common::ipv4_from_key(route.node_ip));
             let peer = peers.get(&node_ip);
@@ -213,7 +227,7 @@ impl Cluster {
                 vtep_mac: node.vtep_mac,
                 _pad: [0; 2],
                 vni: node.vni,
-                flags: 0,
+                route_mode: self.route_mode(node.node_ip),
             },
         )?;
         if let Err(e) = dp.put_route(

@@ -262,8 +262,12 @@ pub struct PeerInfo {
     pub _pad: [u8; 2],
     /// VNI the peer uses.
     pub vni: u32,
-    /// Reserved, zero.
-    pub flags: u32,
+    /// How traffic to the node's own address travels: the [`route_mode`]
+    /// of the routes to its pods (a pod reaching another node's address,
+    /// its hostPorts or answering its connections goes the way the node's
+    /// pods are reached). 0 in entries written before the field existed:
+    /// the agent rewrites them at start.
+    pub route_mode: u32,
 }
 
 /// Key of the endpoints and local-address maps: an IPv4 address in wire order.

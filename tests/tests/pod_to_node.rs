@@ -1,0 +1,294 @@
+//! A pod reaching another node: that node's own address (ping, TCP) and its
+//! hostPorts (TCP, UDP), in every cross-node mode.
+//!
+//! In the tunnel modes a pod's packets to another node's address travel
+//! encapsulated to that node, like its packets to that node's pods: no pod
+//! address appears on the underlay (a capture on the underlay switch proves
+//! it), and the node answers through the overlay too. In native mode they
+//! are routed, as all pod traffic there. The node and the hostPort pod see
+//! the client pod's own address; the hostPort pod's answers leave as the
+//! node address and hostPort, back through the overlay.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rivet_api::{PortMapping, Protocol};
+use rivet_common::Counter;
+use rivet_tests::{
+    Netns, World,
+    traffic::{ChildGuard, assert_ping, connect, listen},
+};
+
+const HOST_TCP: u16 = 8080;
+const HOST_UDP: u16 = 8053;
+const POD_TCP: u16 = 80;
+const POD_UDP: u16 = 53;
+const NODE_TCP: u16 = 7300;
+
+/// A TCP server in `ns` on `port` answering each connection with the
+/// address it saw the client as (4 bytes); runs until the test ends.
+fn tell_peer_tcp(ns: &Netns, port: u16) {
+    let l = listen(ns, port);
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            if let Ok(SocketAddr::V4(peer)) = c.peer_addr() {
+                let _ = c.write_all(&peer.ip().octets());
+            }
+        }
+    });
+}
+
+/// A UDP server in `ns` on `port` answering each datagram with the
+/// address it saw the sender as.
+fn tell_peer_udp(ns: &Netns, port: u16) {
+    let s = ns
+        .exec(move || UdpSocket::bind(("0.0.0.0", port)))
+        .unwrap_or_else(|e| panic!("binding udp :{port} in {}: {e}", ns.name()));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((_, SocketAddr::V4(peer))) = s.recv_from(&mut buf) {
+            let _ = s.send_to(&peer.ip().octets(), peer);
+        }
+    });
+}
+
+/// Who the TCP server at `dst` saw `ns` as.
+fn seen_as_tcp(ns: &Netns, dst: SocketAddr) -> Ipv4Addr {
+    let mut c = connect(ns, dst, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("TCP {dst} from {}: {e}", ns.name()));
+    c.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b)
+        .unwrap_or_else(|e| panic!("reading from {dst}: {e}"));
+    Ipv4Addr::from(b)
+}
+
+/// Who the UDP server at `dst` saw `ns` as; the answer must come from
+/// `dst` itself (a connected socket accepts nothing else).
+fn seen_as_udp(ns: &Netns, dst: SocketAddr) -> Ipv4Addr {
+    let s = ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    s.connect(dst).expect("connect udp");
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut b = [0u8; 4];
+    for _ in 0..10 {
+        s.send(b"who").expect("send");
+        if let Ok(4) = s.recv(&mut b) {
+            return Ipv4Addr::from(b);
+        }
+    }
+    panic!("no UDP answer from {dst} to {}", ns.name());
+}
+
+/// tcpdump on every port of the underlay bridge (the bridge device itself
+/// sees only frames for its own address), writing each frame to a file.
+struct Capture {
+    child: ChildGuard,
+    file: PathBuf,
+}
+
+impl Capture {
+    fn start(underlay: &Netns, file: &Path) -> Self {
+        let child = underlay
+            .command("tcpdump")
+            .args([
+                "-i",
+                "any",
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "128",
+                "-w",
+            ])
+            .arg(file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting tcpdump");
+        let mut guard = ChildGuard(child);
+        // Capturing once the file has its header (written when the capture
+        // starts), a moment more for the socket to see frames.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::metadata(file).map_or(0, |m| m.len()) < 24 {
+            if let Ok(Some(st)) = guard.0.try_wait() {
+                panic!("tcpdump exited at start: {st}");
+            }
+            assert!(Instant::now() < deadline, "tcpdump did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        Self {
+            child: guard,
+            file: file.to_owned(),
+        }
+    }
+
+    /// Stops the capture (everything seen is in the file once tcpdump has
+    /// exited) and returns the file.
+    fn stop(mut self) -> PathBuf {
+        let pid = i32::try_from(self.child.0.id()).expect("pid");
+        // SAFETY: signals our own child, which has not been waited for.
+        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(rc, 0, "signalling tcpdump");
+        let st = self.child.0.wait().expect("waiting for tcpdump");
+        assert!(st.success(), "tcpdump ended with {st}");
+        std::mem::take(&mut self.file)
+    }
+}
+
+/// Frames of a capture file matching a tcpdump filter.
+fn count(file: &Path, filter: &str) -> usize {
+    let out = Command::new("tcpdump")
+        .args(["-n", "-r"])
+        .arg(file)
+        .arg(filter)
+        .stdin(Stdio::null())
+        .output()
+        .expect("tcpdump -r");
+    assert!(
+        out.status.success(),
+        "tcpdump -r {filter}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+fn pod_reaches_another_node(mode: &str) {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, mode);
+    let (n1, n2) = (nodes[0], nodes[1]);
+    let mapping = |host_port, container_port, protocol| PortMapping {
+        host_port,
+        container_port,
+        protocol,
+        host_ip: None,
+    };
+    let server = w.add_pod_with_ports(
+        n1,
+        vec![
+            mapping(HOST_TCP, POD_TCP, Protocol::Tcp),
+            mapping(HOST_UDP, POD_UDP, Protocol::Udp),
+        ],
+    );
+    let client = w.add_pod(n2);
+    let node1 = w.nodes[n1].ip;
+    let client_ip = w.pods[client].ip;
+    let cluster = format!("10.{}.0.0/16", w.k);
+    tell_peer_tcp(&w.nodes[n1].ns, NODE_TCP);
+    tell_peer_tcp(&w.pods[server].ns, POD_TCP);
+    tell_peer_udp(&w.pods[server].ns, POD_UDP);
+    let capture = Capture::start(&w.underlay, &w.dir().join("underlay.pcap"));
+    let before: Vec<_> = [n1, n2].iter().map(|&n| w.nodes[n].counters()).collect();
+
+    let cl = &w.pods[client].ns;
+    // The other node's own address: ping, and TCP to a socket of the node.
+    assert_ping(cl, node1, 3);
+    assert_eq!(
+        seen_as_tcp(cl, SocketAddr::from((node1, NODE_TCP))),
+        client_ip,
+        "{mode}: the node sees the pod's own address"
+    );
+    // Its hostPorts, TCP and UDP: the hostPort pod sees the client pod.
+    for _ in 0..3 {
+        assert_eq!(
+            seen_as_tcp(cl, SocketAddr::from((node1, HOST_TCP))),
+            client_ip,
+            "{mode}: TCP hostPort"
+        );
+    }
+    assert_eq!(
+        seen_as_udp(cl, SocketAddr::from((node1, HOST_UDP))),
+        client_ip,
+        "{mode}: UDP hostPort"
+    );
+    // The node's own traffic to the hostPort still works beside it.
+    assert_eq!(
+        seen_as_tcp(&w.nodes[n2].ns, SocketAddr::from((node1, HOST_TCP))),
+        w.nodes[n2].ip,
+        "{mode}: the other node's own connection"
+    );
+
+    let after: Vec<_> = [n1, n2].iter().map(|&n| w.nodes[n].counters()).collect();
+    let d = |i: usize, c: Counter| after[i].since(&before[i], c);
+    for (i, c) in after.iter().enumerate() {
+        for (counter, v) in c.iter() {
+            if counter.is_drop() {
+                assert_eq!(
+                    v,
+                    before[i].packets(counter),
+                    "{mode}: node {i} dropped: {}",
+                    counter.name()
+                );
+            }
+        }
+    }
+    assert!(
+        d(0, Counter::FwdDnat) >= 4,
+        "{mode}: hostPort DNAT on node 1"
+    );
+    assert!(
+        d(0, Counter::RevDnat) >= 4,
+        "{mode}: hostPort answers on node 1"
+    );
+    let sent = match mode {
+        "vxlan" => Counter::FwdEncapVxlan,
+        "ipip" => Counter::FwdEncapIpip,
+        _ => Counter::FwdNative,
+    };
+    assert!(
+        d(1, sent) >= 10,
+        "{mode}: node 2 sent the pod's packets: {sent:?}"
+    );
+    assert!(
+        d(0, Counter::DeliverHost) >= 3,
+        "{mode}: node 1 delivered the pod's packets to its stack"
+    );
+
+    // What the underlay carried.
+    let file = capture.stop();
+    let pod_sourced = count(&file, &format!("ip and src net {cluster}"));
+    let tunnelled = count(&file, "udp port 8472 or ip proto 4");
+    eprintln!("{mode}: underlay frames with a pod source {pod_sourced}, tunnel frames {tunnelled}");
+    if mode == "native" || mode == "hybrid" {
+        assert!(
+            pod_sourced > 0,
+            "{mode}: routed natively, the capture saw it"
+        );
+    } else {
+        assert!(tunnelled > 10, "{mode}: the capture saw the tunnel");
+        assert_eq!(
+            pod_sourced, 0,
+            "{mode}: a pod address crossed the underlay raw"
+        );
+    }
+}
+
+#[test]
+fn vxlan_pod_reaches_another_nodes_address_and_hostports() {
+    pod_reaches_another_node("vxlan");
+}
+
+#[test]
+fn ipip_pod_reaches_another_nodes_address_and_hostports() {
+    pod_reaches_another_node("ipip");
+}
+
+#[test]
+fn native_pod_reaches_another_nodes_address_and_hostports() {
+    pod_reaches_another_node("native");
+}
+
+#[test]
+fn hybrid_pod_reaches_another_nodes_address_and_hostports() {
+    pod_reaches_another_node("hybrid");
+}
