@@ -1,14 +1,16 @@
-//! Restart without loss. Four paced TCP streams run through node 1 —
-//! same-node, cross-node (in each mode), masqueraded to the outside, and
-//! from the outside through a hostPort — while node 1's agent is stopped
-//! with SIGTERM and restarted, killed with SIGKILL and restarted, and
-//! stopped for 30 s. Every stream must complete with every byte, no reset
-//! and no pause over a second; a poller reading the kernel's attachments
-//! every 10 ms must never see a pod veth, the uplink or `rivet_host`
-//! without its program; the endpoints, routes, peers, hostPorts, NAT
-//! entries and lease records must be the same before and after; an ADD
-//! during the outage fails fast with CNI code 11 and succeeds once the
-//! agent is back.
+//! Restart without loss. Four paced TCP streams and four sequenced UDP
+//! flows run through node 1 — same-node, cross-node (in each mode),
+//! masqueraded to the outside, and from the outside through a hostPort —
+//! while node 1's agent is stopped with SIGTERM and restarted, killed with
+//! SIGKILL and restarted, and stopped for 30 s. Every stream must complete
+//! with every byte, no reset, no lost segment (no retransmission timeout,
+//! every retransmission a duplicate the receiver reported) and no pause
+//! over `continuity::MAX_PAUSE` (500 ms); every datagram must arrive
+//! exactly once; a poller reading the kernel's attachments every 10 ms
+//! must never see a pod veth, the uplink or `rivet_host` without its
+//! program; the endpoints, routes, peers, hostPorts, NAT entries and lease
+//! records must be the same before and after; an ADD during the outage
+//! fails fast with CNI code 11 and succeeds once the agent is back.
 
 use std::time::{Duration, Instant};
 

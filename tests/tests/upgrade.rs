@@ -1,10 +1,13 @@
 //! Upgrade without loss: node 1's agent is restarted with a rebuilt eBPF
 //! object (`rivetd --ebpf-object`, same source, another build stamp, so
 //! other bytes) and then rolled back to the embedded one, while four paced
-//! TCP streams run through the node — same-node, cross-node (in each mode),
-//! masqueraded to the outside, and from the outside through a hostPort.
-//! Every stream must complete with every byte, no reset and no pause over a
-//! second; a poller reading the kernel's attachments every 10 ms must never
+//! TCP streams and four sequenced UDP flows run through the node —
+//! same-node, cross-node (in each mode), masqueraded to the outside, and
+//! from the outside through a hostPort. Every stream must complete with
+//! every byte, no reset, no lost segment (no retransmission timeout, every
+//! retransmission a duplicate the receiver reported) and no pause over
+//! `continuity::MAX_PAUSE` (500 ms); every datagram must arrive exactly
+//! once; a poller reading the kernel's attachments every 10 ms must never
 //! see a pod veth, the uplink or `rivet_host` without its program; after
 //! each swap every hook runs the freshly loaded programs (new IDs, same
 //! instructions), the agent's status names the object it loaded, and the
