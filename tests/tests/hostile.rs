@@ -781,21 +781,23 @@ fn fresh_connection(client: &Netns, dst: SocketAddr) -> Result<Duration, String>
 }
 
 /// A counter from `/proc/net/<file>` (`netstat` or `snmp`) of `ns`, e.g.
-/// ("TcpExt", "SyncookiesSent").
+/// ("TcpExt", "SyncookiesSent"). A counter the kernel does not list, or
+/// one that does not parse, panics (it never reads as 0).
 fn proc_net(ns: &Netns, file: &str, group: &str, name: &str) -> u64 {
-    let text = String::from_utf8_lossy(&ns.output("cat", &[&format!("/proc/net/{file}")]).stdout)
-        .into_owned();
+    let text = ns.run("cat", &[&format!("/proc/net/{file}")]);
     let prefix = format!("{group}:");
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
     for pair in lines.chunks(2) {
         if let [names, values] = pair {
             let idx = names.split_whitespace().position(|n| n == name);
             if let Some(v) = idx.and_then(|i| values.split_whitespace().nth(i)) {
-                return v.parse().unwrap_or(0);
+                return v
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{group} {name} in /proc/net/{file}: {v:?}: {e}"));
             }
         }
     }
-    0
+    panic!("no {group} {name} in /proc/net/{file} of {}", ns.name())
 }
 
 fn nat_status(w: &World, n: usize) -> rivet_api::NatStatus {

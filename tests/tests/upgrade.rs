@@ -267,9 +267,14 @@ fn an_object_with_another_map_layout_is_refused() {
     let bad = w.nodes[n].agent().args().state_dir.with_extension("bad.o");
     std::fs::write(&bad, &bytes).expect("write the changed object");
     let _cleanup = RemoveOnDrop(bad.clone());
-    let pins_before = std::fs::read_dir(PinLayout::new(w.nodes[n].pin_dir()).progs_dir())
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let pinned = |w: &World| {
+        let dir = PinLayout::new(w.nodes[n].pin_dir()).progs_dir();
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+            .count()
+    };
+    let pins_before = pinned(&w);
+    assert!(pins_before > 0, "the agent pinned its programs");
     let progs0 = pinned_programs(&w, n);
 
     w.nodes[n].agent_mut().stop().expect("agent was running");
@@ -294,10 +299,7 @@ fn an_object_with_another_map_layout_is_refused() {
     );
     // Nothing was touched: the old programs still run and forward.
     assert_eq!(pinned_programs(&w, n), progs0, "the pinned programs stayed");
-    let pins_after = std::fs::read_dir(PinLayout::new(w.nodes[n].pin_dir()).progs_dir())
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(pins_before, pins_after);
+    assert_eq!(pins_before, pinned(&w), "pinned programs");
     rivet_tests::traffic::assert_ping(&w.pods[a].ns, w.pods[b].ip, 3);
     w.nodes[n].agent_mut().restart();
     rivet_tests::traffic::assert_ping(&w.pods[a].ns, w.pods[b].ip, 3);
