@@ -3,7 +3,7 @@
 //!
 //! In the tunnel modes a pod's packets to another node's address travel
 //! encapsulated to that node, like its packets to that node's pods: no pod
-//! address appears on the underlay (a capture on the underlay switch proves
+//! address appears on the underlay (a capture of both nodes' wires proves
 //! it), and the node answers through the overlay too. In native mode they
 //! are routed, as all pod traffic there. The node and the hostPort pod see
 //! the client pod's own address; the hostPort pod's answers leave as the
@@ -12,16 +12,15 @@
 use std::{
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, UdpSocket},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use rivet_api::{PortMapping, Protocol};
 use rivet_common::Counter;
 use rivet_tests::{
     Netns, World,
-    traffic::{ChildGuard, assert_ping, connect, listen},
+    capture::{Capture, Frame},
+    traffic::{assert_ping, connect, listen},
 };
 
 const HOST_TCP: u16 = 8080;
@@ -88,79 +87,21 @@ fn seen_as_udp(ns: &Netns, dst: SocketAddr) -> Ipv4Addr {
     panic!("no UDP answer from {dst} to {}", ns.name());
 }
 
-/// tcpdump on every port of the underlay bridge (the bridge device itself
-/// sees only frames for its own address), writing each frame to a file.
-struct Capture {
-    child: ChildGuard,
-    file: PathBuf,
-}
-
-impl Capture {
-    fn start(underlay: &Netns, file: &Path) -> Self {
-        let child = underlay
-            .command("tcpdump")
-            .args([
-                "-i",
-                "any",
-                "-n",
-                "-U",
-                "--immediate-mode",
-                "-s",
-                "128",
-                "-w",
-            ])
-            .arg(file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting tcpdump");
-        let mut guard = ChildGuard(child);
-        // Capturing once the file has its header (written when the capture
-        // starts), a moment more for the socket to see frames.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::metadata(file).map_or(0, |m| m.len()) < 24 {
-            if let Ok(Some(st)) = guard.0.try_wait() {
-                panic!("tcpdump exited at start: {st}");
-            }
-            assert!(Instant::now() < deadline, "tcpdump did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        Self {
-            child: guard,
-            file: file.to_owned(),
-        }
-    }
-
-    /// Stops the capture (everything seen is in the file once tcpdump has
-    /// exited) and returns the file.
-    fn stop(mut self) -> PathBuf {
-        let pid = i32::try_from(self.child.0.id()).expect("pid");
-        // SAFETY: signals our own child, which has not been waited for.
-        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
-        assert_eq!(rc, 0, "signalling tcpdump");
-        let st = self.child.0.wait().expect("waiting for tcpdump");
-        assert!(st.success(), "tcpdump ended with {st}");
-        std::mem::take(&mut self.file)
-    }
-}
-
-/// Frames of a capture file matching a tcpdump filter.
-fn count(file: &Path, filter: &str) -> usize {
-    let out = Command::new("tcpdump")
-        .args(["-n", "-r"])
-        .arg(file)
-        .arg(filter)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tcpdump -r");
-    assert!(
-        out.status.success(),
-        "tcpdump -r {filter}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).lines().count()
+/// Captures on the underlay's ends of both nodes' uplinks.
+fn capture_underlay(w: &World, ports: &[&str]) -> Vec<Capture> {
+    ports
+        .iter()
+        .map(|port| {
+            let link = w.underlay.ip(&["-o", "link", "show", port]);
+            let ifindex: u32 = link
+                .split(':')
+                .next()
+                .and_then(|i| i.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no ifindex in {link:?}"));
+            Capture::start(&w.underlay, ifindex)
+                .unwrap_or_else(|e| panic!("capturing underlay port {port}: {e}"))
+        })
+        .collect()
 }
 
 fn pod_reaches_another_node(mode: &str) {
@@ -183,11 +124,11 @@ fn pod_reaches_another_node(mode: &str) {
     let client = w.add_pod(n2);
     let node1 = w.nodes[n1].ip;
     let client_ip = w.pods[client].ip;
-    let cluster = format!("10.{}.0.0/16", w.k);
+    let cluster: ipnet::Ipv4Net = format!("10.{}.0.0/16", w.k).parse().expect("cluster CIDR");
     tell_peer_tcp(&w.nodes[n1].ns, NODE_TCP);
     tell_peer_tcp(&w.pods[server].ns, POD_TCP);
     tell_peer_udp(&w.pods[server].ns, POD_UDP);
-    let capture = Capture::start(&w.underlay, &w.dir().join("underlay.pcap"));
+    let captures = capture_underlay(&w, &["n1", "n2"]);
     let before: Vec<_> = [n1, n2].iter().map(|&n| w.nodes[n].counters()).collect();
 
     let cl = &w.pods[client].ns;
@@ -255,9 +196,15 @@ fn pod_reaches_another_node(mode: &str) {
     );
 
     // What the underlay carried.
-    let file = capture.stop();
-    let pod_sourced = count(&file, &format!("ip and src net {cluster}"));
-    let tunnelled = count(&file, "udp port 8472 or ip proto 4");
+    let (mut pod_sourced, mut tunnelled) = (0, 0);
+    for c in captures {
+        let got = c.stop().expect("underlay capture");
+        assert_eq!(got.kernel_drops, 0, "{mode}: the capture lost frames");
+        for info in got.frames.iter().filter_map(Frame::ipv4) {
+            pod_sourced += usize::from(cluster.contains(&info.src));
+            tunnelled += usize::from(info.proto == 4 || (info.proto == 17 && info.ports.1 == 8472));
+        }
+    }
     eprintln!("{mode}: underlay frames with a pod source {pod_sourced}, tunnel frames {tunnelled}");
     if mode == "native" || mode == "hybrid" {
         assert!(
