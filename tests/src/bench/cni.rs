@@ -157,6 +157,19 @@ pub fn run(opts: &Options) -> Report {
             pods: make_pods("b"),
         },
     );
+    // The same bridge-netfilter setting in every namespace of every
+    // variant (nodes, underlay, pods), read back.
+    let spaces_all = |variants: &[Variant]| -> std::collections::BTreeMap<String, String> {
+        let spaces = super::world_spaces(&world)
+            .chain([&bridge_node])
+            .chain(variants.iter().flat_map(|v| &v.pods));
+        super::bridge_nf_read(spaces)
+    };
+    let kernel_at_setup = super::bridge_nf_off(
+        super::world_spaces(&world)
+            .chain([&bridge_node])
+            .chain(variants.iter().flat_map(|v| &v.pods)),
+    );
     let variants = Arc::new(variants);
 
     let mut report = Report {
@@ -172,7 +185,7 @@ pub fn run(opts: &Options) -> Report {
         .better
         .insert("adds_per_s_8way".into(), "higher".into());
     report.notes.push(format!(
-        "{n} sequential pods, ADD then DEL, interleaved pod by pod between the variants, after one warm-up ADD/DEL each, timed from the plugin's spawn to its exit on a long-lived caller thread in the node namespace; add_ms/del_ms rows are medians of all samples"
+        "{n} sequential pods, ADD then DEL, interleaved pod by pod between the variants (pod i starts with variant i mod the number of variants), after one warm-up ADD/DEL each, timed from the plugin's spawn to its exit on a long-lived caller thread in the node namespace; add_ms/del_ms rows are medians of all samples"
     ));
     report.notes.push(
         "adds_per_s_8way: {n} ADDs issued by 8 concurrent callers, wall-clock rate"
@@ -195,13 +208,14 @@ pub fn run(opts: &Options) -> Report {
                 v.timed(false, 0);
             }
             let mut samples = vec![(Vec::new(), Vec::new()); variants.len()];
+            let order: Vec<usize> = (0..variants.len()).collect();
             for i in 0..n {
                 progress(&format!(
                     "cni: sequential ADD {i}/{n} [{:.0}s]",
                     started.elapsed().as_secs_f64()
                 ));
-                for (v, s) in variants.iter().zip(samples.iter_mut()) {
-                    s.0.push(v.timed(true, i));
+                for k in super::rotated(&order, i) {
+                    samples[k].0.push(variants[k].timed(true, i));
                 }
             }
             for i in 0..n {
@@ -209,8 +223,8 @@ pub fn run(opts: &Options) -> Report {
                     "cni: sequential DEL {i}/{n} [{:.0}s]",
                     started.elapsed().as_secs_f64()
                 ));
-                for (v, s) in variants.iter().zip(samples.iter_mut()) {
-                    s.1.push(v.timed(false, i));
+                for k in super::rotated(&order, i) {
+                    samples[k].1.push(variants[k].timed(false, i));
                 }
             }
             samples
@@ -279,6 +293,10 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("cni: done in {:.0}s", started.elapsed().as_secs_f64());
+    report.set_kernel_settings(kernel_at_setup, &spaces_all(&variants));
+    report
+        .notes
+        .push("adds_per_s_8way: one storm per variant, in the listed order".into());
     if let Some(dir) = std::env::var_os("RIVET_BENCH_CNI_LOG") {
         for (i, n) in world.nodes.iter().enumerate() {
             let to = PathBuf::from(&dir).join(format!("agent{i}.log"));

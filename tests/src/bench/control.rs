@@ -869,21 +869,19 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             opts.rounds,
             started.elapsed().as_secs_f64()
         ));
-        let (ins, del) = code_routes(&mut private, r);
-        report.add("route_updates_per_s", CODE, ins);
-        report.add("route_deletes_per_s", CODE, del);
-        let (ins, del) = ip_routes(&ipr, r);
-        report.add("route_updates_per_s", IP_ROUTE, ins);
-        report.add("route_deletes_per_s", IP_ROUTE, del);
-        let (ins, del) = code_endpoints(&mut private, ENTRIES);
-        report.add("endpoint_updates_per_s", CODE, ins);
-        report.add("endpoint_deletes_per_s", CODE, del);
-        let (ins, del) = code_hostports(&mut private, ENTRIES);
-        report.add("portmap_updates_per_s", CODE, ins);
-        report.add("portmap_deletes_per_s", CODE, del);
-        let (ins, del) = nft_elements(&nft, ENTRIES);
-        report.add("portmap_updates_per_s", NFT, ins);
-        report.add("portmap_deletes_per_s", NFT, del);
+        // The steps rotate like every benchmark's variants.
+        let steps = ["routes", IP_ROUTE, "endpoints", "hostports", NFT];
+        for step in super::rotated(&steps, round as usize) {
+            let (metric, variant, (ins, del)) = match step {
+                "routes" => ("route", CODE, code_routes(&mut private, r)),
+                IP_ROUTE => ("route", IP_ROUTE, ip_routes(&ipr, r)),
+                "endpoints" => ("endpoint", CODE, code_endpoints(&mut private, ENTRIES)),
+                "hostports" => ("portmap", CODE, code_hostports(&mut private, ENTRIES)),
+                _ => ("portmap", NFT, nft_elements(&nft, ENTRIES)),
+            };
+            report.add(&format!("{metric}_updates_per_s"), variant, ins);
+            report.add(&format!("{metric}_deletes_per_s"), variant, del);
+        }
     }
     drop((private, ipr, nft));
 
@@ -915,6 +913,10 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     report.notes.push(
         "goals: ≥ 300k map updates/s; one change p99 < 1 ms; convergence < 1 s at 10 nodes".into(),
     );
+    report.notes.push(format!(
+        "order of the bulk map rounds (agent code routes, ip route, agent code endpoints, agent code hostPorts, nft map): {}",
+        super::ROTATION
+    ));
     report.notes.push(format!(
         "load average before {load_before}, after {} (2 CPUs; other builds may share the machine)",
         loadavg()

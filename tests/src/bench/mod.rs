@@ -1,6 +1,8 @@
-//! Benchmark plumbing: variants measured interleaved (A B C … A B C …),
-//! medians and spread, ratios to a baseline from the same run, results as
-//! JSON and Markdown under `target/bench/<timestamp>/`.
+//! Benchmark plumbing: variants measured interleaved (A B C, B C A,
+//! C A B, …: each round starts one variant later), medians and spread,
+//! ratios to a baseline from the same run, the kernel settings every
+//! variant runs with, results as JSON and Markdown under
+//! `target/bench/<timestamp>/`.
 
 use std::{
     collections::BTreeMap,
@@ -10,6 +12,8 @@ use std::{
 };
 
 use serde::Serialize;
+
+use crate::{Netns, World};
 
 pub mod cni;
 pub mod conn;
@@ -120,6 +124,9 @@ pub struct Report {
     /// Wall time of the whole benchmark in seconds, its worlds' setup and
     /// teardown included (set by the runner).
     pub elapsed_s: Option<f64>,
+    /// sysctl → its value in every namespace the benchmark built, read
+    /// back from them (see [`bridge_nf_off`]).
+    pub kernel_settings: BTreeMap<String, String>,
 }
 
 impl Report {
@@ -174,6 +181,9 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(s, "- {n}");
         }
+        for (key, value) in &self.kernel_settings {
+            let _ = writeln!(s, "- kernel: {key} = {value}");
+        }
         if let Some(t) = self.elapsed_s {
             let _ = writeln!(s, "- run time: {t:.0} s (setup and teardown included)");
         }
@@ -201,6 +211,283 @@ impl Report {
             }
         }
         r
+    }
+}
+
+/// How every interleaving benchmark orders its variants (stated in the
+/// report).
+pub const ROTATION: &str = "variants are measured interleaved, one sample each per round, and the order rotates: round r starts with variant r mod n and keeps the listed order from there (A B C, B C A, C A B, …), so over n rounds each variant takes each position (first to last) once and none always runs first, on a machine that has just been idle or busy with something else; where a benchmark has a warm-up round it is round 0";
+
+/// `items` in the order of round `round`: rotated to start at
+/// `round mod len` (see [`ROTATION`]).
+pub fn rotated<T: Copy>(items: &[T], round: usize) -> impl Iterator<Item = T> + '_ {
+    let start = if items.is_empty() {
+        0
+    } else {
+        round % items.len()
+    };
+    items[start..].iter().chain(&items[..start]).copied()
+}
+
+/// The bridge-netfilter switches: whether bridged frames run the
+/// iptables, ip6tables and arptables hooks. Per network namespace once
+/// `br_netfilter` is loaded (each new namespace starts at 1).
+pub const BRIDGE_NF: [&str; 3] = [
+    "net.bridge.bridge-nf-call-iptables",
+    "net.bridge.bridge-nf-call-ip6tables",
+    "net.bridge.bridge-nf-call-arptables",
+];
+
+/// What a setting reads where its sysctl does not exist.
+const BRIDGE_NF_ABSENT: &str = "absent (br_netfilter not loaded)";
+
+/// Sets every [`BRIDGE_NF`] switch to 0 (bridged frames skip netfilter,
+/// as a CNI user would configure a node) in each of `spaces` — every
+/// namespace of every variant, so a bridge-based peer and rivet run with
+/// the same setting — and returns each sysctl's value read back from all
+/// of them (see [`settings_summary`]). A sysctl that does not exist is
+/// recorded as absent; a write that fails where it exists panics.
+pub fn bridge_nf_off<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> BTreeMap<String, String> {
+    bridge_nf(spaces, true)
+}
+
+/// The [`BRIDGE_NF`] values now in `spaces` (the same summary as
+/// [`bridge_nf_off`], nothing written).
+pub fn bridge_nf_read<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> BTreeMap<String, String> {
+    bridge_nf(spaces, false)
+}
+
+fn bridge_nf<'a>(
+    spaces: impl IntoIterator<Item = &'a Netns>,
+    write: bool,
+) -> BTreeMap<String, String> {
+    let mut seen: Vec<Vec<String>> = vec![Vec::new(); BRIDGE_NF.len()];
+    for ns in spaces {
+        let values = ns.exec(|| {
+            BRIDGE_NF
+                .iter()
+                .map(|key| {
+                    let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+                    if !path.exists() {
+                        return BRIDGE_NF_ABSENT.to_owned();
+                    }
+                    if write && let Err(e) = std::fs::write(&path, "0") {
+                        panic!("setting {key}=0: {e}");
+                    }
+                    std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("reading {key} back: {e}"))
+                        .trim()
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        });
+        if write {
+            for (key, v) in BRIDGE_NF.iter().zip(&values) {
+                assert!(
+                    v == "0" || v == BRIDGE_NF_ABSENT,
+                    "{key} reads {v} in {} after writing 0",
+                    ns.name()
+                );
+            }
+        }
+        for (s, v) in seen.iter_mut().zip(values) {
+            s.push(v);
+        }
+    }
+    BRIDGE_NF
+        .iter()
+        .zip(seen)
+        .map(|(key, values)| ((*key).to_owned(), settings_summary(&values)))
+        .collect()
+}
+
+/// One setting's values across namespaces: `0 (all 9 namespaces)`, or
+/// each value with its count when they differ.
+pub fn settings_summary(values: &[String]) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in values {
+        *counts.entry(v.as_str()).or_default() += 1;
+    }
+    match counts.len() {
+        0 => "no namespace".to_owned(),
+        1 => {
+            let (v, n) = counts.into_iter().next().unwrap_or(("", 0));
+            format!("{v} (all {n} namespaces)")
+        }
+        _ => counts
+            .into_iter()
+            .map(|(v, n)| format!("{v} in {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// One iperf3 client run (one stream, client on CPU 0, JSON) with the CPU
+/// time iperf3 itself reports.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSample {
+    /// Receiver-side throughput, bits/s.
+    pub bits_per_second: f64,
+    /// The test's length as the receiver measured it, seconds.
+    pub seconds: f64,
+    /// Retransmits reported by the sender.
+    pub retransmits: u64,
+    /// CPU seconds of the iperf3 client and server over the test: their
+    /// `getrusage` user + system time, whose sum the kernel keeps exactly
+    /// (the scheduler's ns run time, not ticks) and which — this kernel has
+    /// no IRQ time accounting — includes the interrupts and softirqs that
+    /// ran while they were on the CPU: the datapath, mostly.
+    pub cpu_s: Option<(f64, f64)>,
+}
+
+impl CpuSample {
+    /// Gigabytes the receiver got.
+    pub fn gbytes(&self) -> f64 {
+        self.bits_per_second * self.seconds / 8e9
+    }
+}
+
+/// `iperf3 -c dst -p port -t secs -A 0 -J` from `ns` (with `-b bitrate`
+/// when paced), retried while the server starts.
+pub fn iperf3_cpu(
+    ns: &Netns,
+    dst: std::net::Ipv4Addr,
+    port: u16,
+    secs: u32,
+    bitrate: Option<&str>,
+) -> CpuSample {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (dst_s, port_s, secs_s) = (dst.to_string(), port.to_string(), secs.to_string());
+    let mut args = vec!["-c", &dst_s, "-p", &port_s, "-t", &secs_s, "-J", "-A", "0"];
+    if let Some(b) = bitrate {
+        args.extend(["-b", b]);
+    }
+    loop {
+        let out = ns.output("iperf3", &args);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let end = &json["end"];
+        if let Some(bps) = end["sum_received"]["bits_per_second"].as_f64() {
+            let seconds = end["sum_received"]["seconds"]
+                .as_f64()
+                .unwrap_or(f64::from(secs));
+            let cpu = &end["cpu_utilization_percent"];
+            let cpu_s = cpu["host_total"]
+                .as_f64()
+                .zip(cpu["remote_total"].as_f64())
+                .map(|(h, r)| (h / 100.0 * seconds, r / 100.0 * seconds));
+            return CpuSample {
+                bits_per_second: bps,
+                seconds,
+                retransmits: end["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+                cpu_s,
+            };
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "iperf3 to {dst}:{port} from {} failed: {}{}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Run time of the `ksoftirqd/N` threads so far, in seconds: the softirq
+/// work the kernel deferred out of the tasks that raised it (exact, from
+/// the scheduler's ns run time in `/proc/<pid>/schedstat`).
+pub fn ksoftirqd_secs() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut ns = 0u64;
+    for e in dir.flatten() {
+        let p = e.path();
+        let is_ksoftirqd =
+            std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.starts_with("ksoftirqd/"));
+        if is_ksoftirqd {
+            ns += std::fs::read_to_string(p.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns as f64 / 1e9
+}
+
+/// The whole machine's idle clock: when read, and the idle + iowait
+/// seconds of every CPU so far (`/proc/stat`; with NO_HZ these come from
+/// the kernel's idle entry/exit timestamps, not from ticks, but are shown
+/// in 10 ms units).
+#[derive(Debug, Clone, Copy)]
+pub struct IdleClock {
+    at: std::time::Instant,
+    idle_s: f64,
+    cpus: usize,
+}
+
+impl IdleClock {
+    /// Reads it (`None` if /proc/stat is unreadable).
+    pub fn now() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let at = std::time::Instant::now();
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(5)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let cpus = text
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .filter(|&t| t > 0)
+            .unwrap_or(100);
+        Some(Self {
+            at,
+            idle_s: (v.get(3)? + v.get(4)?) as f64 / hz as f64,
+            cpus,
+        })
+    }
+
+    /// Busy CPU-seconds of the whole machine (every CPU's wall time − its
+    /// idle and iowait time) from `self` to `later`, and the window length.
+    pub fn busy_until(&self, later: &Self) -> (f64, f64) {
+        let wall = later.at.duration_since(self.at).as_secs_f64();
+        (wall * self.cpus as f64 - (later.idle_s - self.idle_s), wall)
+    }
+}
+
+/// Every namespace of a world: the underlay, the nodes, the pods and the
+/// outside host.
+pub fn world_spaces(w: &World) -> impl Iterator<Item = &Netns> {
+    std::iter::once(&w.underlay)
+        .chain(w.nodes.iter().map(|n| &n.ns))
+        .chain(w.pods.iter().map(|p| &p.ns))
+        .chain(w.outside.iter())
+}
+
+impl Report {
+    /// Records the kernel settings read back at setup (`at_setup`) and at
+    /// the end of the measurements (`at_end`); a setting that changed in
+    /// between (e.g. br_netfilter loaded meanwhile) shows both.
+    pub fn set_kernel_settings(
+        &mut self,
+        at_setup: BTreeMap<String, String>,
+        at_end: &BTreeMap<String, String>,
+    ) {
+        for (key, setup) in at_setup {
+            let value = match at_end.get(&key) {
+                Some(end) if *end != setup => format!("{setup} at setup; {end} at the end"),
+                _ => setup,
+            };
+            self.kernel_settings.insert(key, value);
+        }
     }
 }
 
@@ -337,6 +624,28 @@ pub fn run_time_table(reports: &[Report]) -> String {
     s
 }
 
+/// Markdown "kernel settings" section: each benchmark's settings as read
+/// back from its namespaces.
+pub fn kernel_settings_table(reports: &[Report]) -> String {
+    let mut s = String::from(
+        "## kernel settings\n\nSet identically in every namespace of every variant (nodes, underlay, pods) and read back from them; the machine's own namespace is left alone.\n\n| benchmark | sysctl | value |\n|---|---|---|\n",
+    );
+    for r in reports {
+        if r.kernel_settings.is_empty() {
+            let _ = writeln!(
+                s,
+                "| {} | – | not applicable: no packet path measured |",
+                r.name
+            );
+        }
+        for (key, value) in &r.kernel_settings {
+            let _ = writeln!(s, "| {} | {key} | {value} |", r.name);
+        }
+    }
+    s.push('\n');
+    s
+}
+
 /// Writes `report.json` and `report.md` into `dir`.
 pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -348,6 +657,7 @@ pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Resu
     let json = serde_json::json!({
         "machine": machine,
         "run_time_s": run_times,
+        "rotation": ROTATION,
         "reports": filled,
     });
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&json)?)?;
@@ -356,6 +666,8 @@ pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Resu
         machine.kernel, machine.cpus, machine.cpu, machine.rivet, machine.iperf3
     );
     md.push_str(&run_time_table(reports));
+    md.push_str(&kernel_settings_table(reports));
+    let _ = writeln!(md, "## order\n\n{ROTATION}.\n");
     for r in reports {
         md.push_str(&r.markdown());
         md.push('\n');
@@ -434,6 +746,41 @@ mod tests {
         assert_eq!(r.better_of("x_gbps"), Some("lower"), "recorded wins");
         r.add("live_x_runs_per_s", "live", 1.0);
         assert!(r.markdown().contains("| live_x_runs_per_s (informative) |"));
+    }
+
+    #[test]
+    fn rotation() {
+        let v = ["a", "b", "c"];
+        let order = |r| rotated(&v, r).collect::<Vec<_>>().concat();
+        assert_eq!(
+            [order(0), order(1), order(2), order(3)],
+            ["abc", "bca", "cab", "abc"]
+        );
+        assert_eq!(rotated::<u8>(&[], 5).count(), 0);
+    }
+
+    #[test]
+    fn settings_summaries() {
+        let s =
+            |v: &[&str]| settings_summary(&v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>());
+        assert_eq!(s(&["0", "0", "0"]), "0 (all 3 namespaces)");
+        assert_eq!(s(&["0", "1", "0"]), "0 in 2, 1 in 1");
+        assert_eq!(s(&[]), "no namespace");
+        let mut r = Report::default();
+        let at = |v: &str| BTreeMap::from([("k".to_owned(), v.to_owned())]);
+        r.set_kernel_settings(at("0 (all 2 namespaces)"), &at("0 (all 2 namespaces)"));
+        assert_eq!(r.kernel_settings["k"], "0 (all 2 namespaces)");
+        r.set_kernel_settings(at("0 (all 2 namespaces)"), &at("1 (all 2 namespaces)"));
+        assert_eq!(
+            r.kernel_settings["k"],
+            "0 (all 2 namespaces) at setup; 1 (all 2 namespaces) at the end"
+        );
+        let table = kernel_settings_table(&[r, Report::default()]);
+        assert!(
+            table.contains("| k | 0 (all 2 namespaces) at setup"),
+            "{table}"
+        );
+        assert!(table.contains("not applicable"), "{table}");
     }
 
     #[test]

@@ -191,6 +191,9 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         .as_ref()
         .expect("outside")
         .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    // The same bridge-netfilter setting in every namespace of every
+    // variant (nodes, pods, the outside host, the underlay), read back.
+    let kernel_at_setup = super::bridge_nf_off(super::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
     one_byte_server(&w.pods[pod].ns, 80);
     one_byte_server(&ipt.pod, 80);
     one_byte_server(&nft.pod, 80);
@@ -251,6 +254,10 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         report.add(&prog, "nftables", nft_ms);
         let (f, rivet_ms) = program_rivet(&mut w, rivet_node, filler.take(), n);
         filler = f;
+        if let Some(p) = filler {
+            // The filler pod's namespace, like every other.
+            super::bridge_nf_off([&w.pods[p].ns]);
+        }
         report.add(&prog, "rivet", rivet_ms);
         let outside = w.outside.as_ref().expect("outside");
         progress(&format!(
@@ -262,7 +269,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
         }
         for round in 0..opts.rounds {
-            for (name, dst) in targets {
+            for (name, dst) in super::rotated(&targets, round as usize) {
                 progress(&format!(
                     "nat: N={n} round {}/{} {name} [{:.0}s]",
                     round + 1,
@@ -301,7 +308,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         );
     }
     for round in 0..opts.rounds {
-        for (name, ns) in clients {
+        for (name, ns) in super::rotated(&clients, round as usize) {
             progress(&format!(
                 "nat: masquerade round {}/{} {name} [{:.0}s]",
                 round + 1,
@@ -324,6 +331,12 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     progress(&format!(
         "nat: done in {:.0}s\n",
         started.elapsed().as_secs_f64()
+    ));
+    let kernel_at_end = super::bridge_nf_read(super::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
+    report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
+    report.notes.push(format!(
+        "order: {} (per size and for the masquerade; the warm-ups run in the listed order)",
+        super::ROTATION
     ));
     report
 }

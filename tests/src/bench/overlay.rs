@@ -22,7 +22,7 @@ use std::{net::Ipv4Addr, time::Instant};
 
 use ipnet::Ipv4Net;
 
-use super::{Options, Report, percentile, progress};
+use super::{Options, Report, iperf3_cpu, percentile, progress};
 use crate::{
     Netns, World, flannel,
     traffic::{iperf3_server, ping_times},
@@ -122,6 +122,14 @@ pub fn run(opts: &Options) -> Report {
         "overlay: worlds built in {:.0}s",
         setup.elapsed().as_secs_f64()
     );
+    // The same bridge-netfilter setting in every namespace of every
+    // variant (the flannel nodes' cni0 and every underlay br0 included).
+    let spaces_all = || {
+        super::world_spaces(&fw)
+            .chain([&fpa.ns, &fpb.ns])
+            .chain(rivet.iter().flat_map(|r| super::world_spaces(&r.1)))
+    };
+    let kernel_at_setup = super::bridge_nf_off(spaces_all());
     let endpoints = |variant: &str| -> (&Netns, &Netns, Ipv4Addr) {
         match variant {
             "underlay" => (&fw.nodes[0].ns, &fw.nodes[1].ns, fw.nodes[1].ip),
@@ -160,7 +168,7 @@ pub fn run(opts: &Options) -> Report {
         "iperf3 single stream, {secs} s per sample, client on CPU 0 and server on CPU 1; {rounds} interleaved rounds after a warm-up round, per underlay behaviour (--quick: nic only)"
     ));
     let pings = opts.pick(50, 20);
-    report.notes.push("client_cpu_s_per_gb / server_cpu_s_per_gb: CPU seconds of the iperf3 client (CPU 0) and server (CPU 1) per GB received, from iperf3's own rusage — with this kernel's tick accounting that includes the softirq work done in their context, i.e. nearly the whole datapath, most of it on the client's CPU; the cost per byte, steadier than throughput on a shared machine (coarse: 250 Hz ticks)".into());
+    report.notes.push("client_cpu_s_per_gb / server_cpu_s_per_gb: CPU seconds of the iperf3 client (CPU 0) and server (CPU 1) per GB received, from iperf3's own rusage (user + system: the scheduler's exact run time, µs resolution) — this kernel has no IRQ time accounting, so that includes the softirq work done in their context, i.e. nearly the whole datapath, most of it on the client's CPU; the cost per byte, steadier than throughput on a shared machine".into());
     report.notes.push(format!(
         "rtt: median of ping -c {pings} -i 0.005 reply times; --quick: the warm-up round is 10 pings, no iperf3"
     ));
@@ -183,7 +191,7 @@ pub fn run(opts: &Options) -> Report {
             }
         }
         for round in 0..=rounds {
-            for &variant in &variants {
+            for variant in super::rotated(&variants, round as usize) {
                 done += 1;
                 progress(&format!(
                     "overlay ({behaviour}): round {round}/{rounds} {variant:<18} [{done}/{total}, {:.0}s]",
@@ -202,7 +210,7 @@ pub fn run(opts: &Options) -> Report {
                     .then_some(perf_dir.as_ref())
                     .flatten()
                     .map(|dir| perf_record(dir, &format!("{behaviour}-{variant}-{round}"), t));
-                let res = iperf3_cpu_client(client, ip, t);
+                let res = iperf3_cpu(client, ip, 5201, t, None);
                 if let Some(mut p) = perf {
                     let _ = p.wait();
                 }
@@ -215,7 +223,7 @@ pub fn run(opts: &Options) -> Report {
                         res.bits_per_second / 1e9,
                     );
                     if let Some((client_s, server_s)) = res.cpu_s {
-                        let gb = res.bits_per_second * f64::from(t) / 8e9;
+                        let gb = res.gbytes();
                         report.add(
                             &format!("client_cpu_s_per_gb ({behaviour})"),
                             variant,
@@ -240,6 +248,9 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("overlay: done in {:.0}s", started.elapsed().as_secs_f64());
+    let kernel_at_end = super::bridge_nf_read(spaces_all());
+    report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
+    report.notes.push(format!("order: {}", super::ROTATION));
     let teardown = Instant::now();
     drop((fpa, fpb));
     // Torn down side by side too (agents stopped, pins and namespaces
@@ -270,45 +281,4 @@ fn perf_record(dir: &std::path::Path, name: &str, secs: u32) -> std::process::Ch
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("perf record: {e}"))
-}
-
-/// One iperf3 sample: throughput and CPU cost.
-struct Sample {
-    bits_per_second: f64,
-    /// Client and server CPU seconds (iperf3's `cpu_utilization_percent`).
-    cpu_s: Option<(f64, f64)>,
-}
-
-/// `iperf3 -c` from `ns` (client on CPU 0, one stream, JSON), retried while
-/// the server starts; like `traffic::iperf3_client` but also reading
-/// iperf3's CPU figures.
-fn iperf3_cpu_client(ns: &Netns, dst: Ipv4Addr, secs: u32) -> Sample {
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    let (dst_s, secs_s) = (dst.to_string(), secs.to_string());
-    loop {
-        let out = ns.output(
-            "iperf3",
-            &["-c", &dst_s, "-p", "5201", "-t", &secs_s, "-J", "-A", "0"],
-        );
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if let Some(bps) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
-            let cpu = &json["end"]["cpu_utilization_percent"];
-            let cpu_s = cpu["host_total"]
-                .as_f64()
-                .zip(cpu["remote_total"].as_f64())
-                .map(|(h, r)| (h / 100.0 * f64::from(secs), r / 100.0 * f64::from(secs)));
-            return Sample {
-                bits_per_second: bps,
-                cpu_s,
-            };
-        }
-        assert!(
-            Instant::now() < deadline,
-            "iperf3 to {dst} from {} failed: {}{}",
-            ns.name(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
 }

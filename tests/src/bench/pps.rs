@@ -448,6 +448,10 @@ pub fn run(opts: &Options) -> Report {
             frame: r_frame,
         },
     ];
+    // The same bridge-netfilter setting in every namespace of every
+    // variant, read back.
+    let spaces_all = || super::world_spaces(&world).chain([&node, &e_a, &e_b, &r_a, &r_b]);
+    let kernel_at_setup = super::bridge_nf_off(spaces_all());
     // A bound UDP socket at each receiver (never read: datagrams past its
     // buffer count as receive errors, and none answers port-unreachable).
     let sinks: Vec<std::net::UdpSocket> = lanes
@@ -477,9 +481,10 @@ pub fn run(opts: &Options) -> Report {
         Duration::from_millis(500),
     );
     let warm = opts.pick(Duration::from_secs(1), Duration::from_millis(300));
+    let lane_refs: Vec<&Lane<'_>> = lanes.iter().collect();
     let started = Instant::now();
     for round in 0..=rounds {
-        for l in &lanes {
+        for l in super::rotated(&lane_refs, round as usize) {
             progress(&format!(
                 "pps: round {round}/{rounds} {:<16} [{:.0}s]",
                 l.name,
@@ -516,6 +521,9 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("pps: done in {:.0}s", started.elapsed().as_secs_f64());
+    let kernel_at_end = super::bridge_nf_read(spaces_all());
+    report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
+    report.notes.push(format!("order: {}", super::ROTATION));
     report.notes.push(format!(
         "one sender thread on CPU 0 in the client pod blasts one 60-byte frame (64 on the wire: IPv4/UDP, 18 bytes of payload) with sendmmsg({BATCH}) on an AF_PACKET socket bound to eth0 with PACKET_QDISC_BYPASS, for {} s per sample, {rounds} interleaved rounds after a warm-up of {} s; rx_mpps: datagrams that reached UDP in the server pod (InDatagrams + InErrors + NoPorts of its /proc/net/snmp; a bound socket nobody reads, so past its buffer they count as receive errors) per second of sending; tx_mpps: frames the socket accepted",
         sample.as_secs_f64(),

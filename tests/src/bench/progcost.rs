@@ -750,6 +750,10 @@ fn live(opts: &Options, r: &mut Report) {
     let nodes = cross.add_static_cluster(2, "vxlan");
     let ca = cross.add_pod(nodes[0]);
     let cb = cross.add_pod(nodes[1]);
+    // The bridge-netfilter setting of every other benchmark (the live
+    // figures' namespaces only; BPF_PROG_TEST_RUN crosses no bridge).
+    let kernel_at_setup =
+        super::bridge_nf_off(super::world_spaces(&same).chain(super::world_spaces(&cross)));
     // Held for the measurement; closing it turns the statistics off.
     let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("BPF_ENABLE_STATS");
     // (metric, world, node, program) read around each transfer.
@@ -881,6 +885,9 @@ fn live(opts: &Options, r: &mut Report) {
         opts.rounds
     ));
     r.notes.push("live same-node: rivetd, two pods on one node (from_pod sees the data one way and the ACKs the other way, both bpf_redirect_peer); live vxlan: two rivetd nodes (static cluster, vxlan) — sender from_pod encapsulates the data, receiver from_uplink decapsulates it, and the ACKs go the other way".into());
+    let kernel_at_end =
+        super::bridge_nf_read(super::world_spaces(&same).chain(super::world_spaces(&cross)));
+    r.set_kernel_settings(kernel_at_setup, &kernel_at_end);
     drop(cross);
     drop(same);
 }
