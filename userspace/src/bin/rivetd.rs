@@ -5,11 +5,10 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc};
 use clap::{Parser, Subcommand};
 use rivet::{
     agent::{self, Agent, AgentError, RECONCILE_INTERVAL},
+    cluster::etcd::EtcdCluster,
     config::{AgentConfig, FileConfig},
-    datapath,
-    etcd::EtcdCluster,
-    netns,
-    pins::PinLayout,
+    datapath::{self, pins::PinLayout},
+    netlink::netns,
 };
 
 #[derive(Parser)]
@@ -204,7 +203,7 @@ enum AgentError2 {
     #[error(transparent)]
     Config(#[from] rivet::config::ConfigError),
     #[error(transparent)]
-    Netns(#[from] rivet::netns::NetnsError),
+    Netns(#[from] rivet::netlink::netns::NetnsError),
     #[error(transparent)]
     Agent(#[from] AgentError),
     #[error("starting the async runtime: {0}")]
@@ -312,7 +311,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
                 .await
                 .map_err(|source| AgentError::Metrics { addr, source })?;
             tracing::info!(%addr, "serving metrics, /healthz, /readyz");
-            Some(tokio::spawn(rivet::metrics::serve(
+            Some(tokio::spawn(rivet::server::metrics::serve(
                 Arc::clone(&agent),
                 listener,
             )))
@@ -410,7 +409,7 @@ async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
     };
     let nl = rivet::netlink::Netlink::connect()?;
     if let Some(settings) = &cfg.etcd {
-        match rivet::etcd::leave(settings, &cfg.state_dir).await {
+        match rivet::cluster::etcd::leave(settings, &cfg.state_dir).await {
             Ok(Some(subnet)) => println!("left the cluster (deleted the lease of {subnet})"),
             Ok(None) => {}
             Err(e) => eprintln!("rivetd: warning: could not deregister from etcd: {e}"),
@@ -429,7 +428,7 @@ async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     datapath::unload(&layout)?;
     println!("removed {}", cfg.pin_dir.display());
-    for dev in rivet::node::remove_devices(&nl).await? {
+    for dev in rivet::cluster::node::remove_devices(&nl).await? {
         println!("deleted {dev}");
     }
     if cfg.state_dir.exists() {

@@ -3,6 +3,9 @@
 //! each node a peer entry (PEERS: node IP → VTEP MAC, VNI). Fed by the API
 //! (static clusters, tests) or by the etcd watcher.
 
+pub mod etcd;
+pub mod node;
+
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
@@ -53,7 +56,7 @@ impl RemoteNode {
         let vtep_mac = match &e.vtep_mac {
             Some(m) => parse_mac(m)
                 .ok_or_else(|| ClusterError::Invalid(format!("vtep_mac {m:?} is not a MAC")))?,
-            None => crate::node::vtep_mac_for(e.node_ip),
+            None => crate::cluster::node::vtep_mac_for(e.node_ip),
         };
         Ok(Self {
             subnet,
@@ -156,7 +159,10 @@ impl Cluster {
             self.put(RemoteNode {
                 subnet,
                 node_ip,
-                vtep_mac: peer.map_or_else(|| crate::node::vtep_mac_for(node_ip), |p| p.vtep_mac),
+                vtep_mac: peer.map_or_else(
+                    || crate::cluster::node::vtep_mac_for(node_ip),
+                    |p| p.vtep_mac,
+                ),
                 vni: peer.map_or(self.vni, |p| p.vni),
             });
         }

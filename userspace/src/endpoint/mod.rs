@@ -17,6 +17,8 @@
 //! DEL removes map entry, link pin, veth (its routes and neighbour go with
 //! it) and the record, and succeeds when any of them is already gone.
 
+pub mod ipam;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
@@ -32,14 +34,17 @@ use rivet_common::{
     EndpointInfo, HostPortKey, HostPortTarget, endpoint_flags, ipv4_key, program_names,
 };
 
+use self::ipam::{Ipam, IpamError, RangeSet};
 use crate::{
     config::validate_ifname,
-    datapath::{AttachMode, Datapath, DatapathError},
-    ipam::{Ipam, IpamError, RangeSet},
-    netlink::{LinkInfo, Netlink, NetlinkError, format_mac, parse_mac},
-    netns::{self, NetnsError},
-    nlbatch::{Batch, LOOPBACK_IFINDEX, SyncNetlink},
-    pins::Hook,
+    datapath::{AttachMode, Datapath, DatapathError, pins::Hook},
+    netlink::{
+        LinkInfo, Netlink, NetlinkError,
+        batch::{Batch, LOOPBACK_IFINDEX, SyncNetlink},
+        format_mac,
+        netns::{self, NetnsError},
+        parse_mac,
+    },
     store::{RecordDir, StoreError},
 };
 

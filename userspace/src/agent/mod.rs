@@ -21,13 +21,14 @@ use tokio::{
 };
 
 use crate::{
-    cluster::{Cluster, ClusterError, RemoteNode},
+    cluster::{Cluster, ClusterError, RemoteNode, node},
     config::{AgentConfig, Mode},
-    datapath::{AttachMode, Datapath, DatapathError},
+    datapath::{
+        AttachMode, Datapath, DatapathError,
+        pins::{self, Hook, PinError, PinLayout, PinLock},
+    },
     endpoint::{self, EndpointError, EndpointSettings, Endpoints, Reattach},
     netlink::{ConnectError, Netlink, NetlinkError},
-    node,
-    pins::{self, Hook, PinError, PinLayout, PinLock},
     store::{self, StoreError},
 };
 
@@ -71,7 +72,7 @@ pub enum AgentError {
     Cluster(#[from] ClusterError),
     /// The cluster store failed.
     #[error(transparent)]
-    Etcd(#[from] crate::etcd::EtcdError),
+    Etcd(#[from] crate::cluster::etcd::EtcdError),
     /// Cluster mode needs the node's address.
     #[error("cluster mode (etcd) needs an uplink with an IPv4 address")]
     NoNodeIp,
@@ -116,7 +117,7 @@ pub struct Agent {
     node_ip: Option<Ipv4Addr>,
     store_state: std::sync::Mutex<String>,
     nat_stats: std::sync::Mutex<crate::nat::NatStats>,
-    requests: crate::metrics::RequestMetrics,
+    requests: crate::server::metrics::RequestMetrics,
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
     events: Arc<crate::events::Events>,
     _lock: PinLock,
@@ -218,8 +219,8 @@ impl Agent {
             }
         }
         // The node's own sockets to hostPorts (127.0.0.1, node addresses).
-        let hooks = crate::sockhooks::cgroup2_root().and_then(|cgroup| {
-            let cookie = crate::sockhooks::netns_cookie()?;
+        let hooks = crate::datapath::sockhooks::cgroup2_root().and_then(|cgroup| {
+            let cookie = crate::datapath::sockhooks::netns_cookie()?;
             dp.attach_socket_hooks(&cgroup, cookie)
                 .map(|ids| (cgroup, ids))
         });
@@ -299,11 +300,11 @@ impl Agent {
                 .to_owned(),
             ),
             nat_stats: std::sync::Mutex::new(crate::nat::NatStats::default()),
-            requests: crate::metrics::RequestMetrics::default(),
+            requests: crate::server::metrics::RequestMetrics::default(),
             last_error: std::sync::Mutex::new(None),
             events: Arc::new(crate::events::Events::new(
-                crate::pins::PinLayout::new(cfg_pin_dir.clone()).map(map_names::EVENTS),
-                crate::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
+                crate::datapath::pins::PinLayout::new(cfg_pin_dir.clone()).map(map_names::EVENTS),
+                crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
             )),
             _lock: lock,
         })
@@ -345,7 +346,7 @@ impl Agent {
     }
 
     /// Latency of the API requests served so far.
-    pub fn request_metrics(&self) -> &crate::metrics::RequestMetrics {
+    pub fn request_metrics(&self) -> &crate::server::metrics::RequestMetrics {
         &self.requests
     }
 
@@ -361,7 +362,9 @@ impl Agent {
     }
 
     /// Everything one metrics scrape reports.
-    pub async fn metrics_snapshot(self: &Arc<Self>) -> Result<crate::metrics::Snapshot, String> {
+    pub async fn metrics_snapshot(
+        self: &Arc<Self>,
+    ) -> Result<crate::server::metrics::Snapshot, String> {
         let status = match self.dispatch(Request::Status {}).await {
             Ok(Response::Status(s)) => s,
             Ok(other) => return Err(format!("status: {other:?}")),
@@ -372,7 +375,7 @@ impl Agent {
             Ok(other) => return Err(format!("stats: {other:?}")),
             Err(e) => return Err(e.to_string()),
         };
-        Ok(crate::metrics::Snapshot {
+        Ok(crate::server::metrics::Snapshot {
             ready: status.ready,
             counters,
             status,
@@ -702,8 +705,8 @@ impl Agent {
             udp: self.cfg.nat.udp_timeout,
             closing: self.cfg.nat.tcp_closing_timeout,
         };
-        let pin =
-            crate::pins::PinLayout::new(self.cfg.pin_dir.clone()).map(rivet_common::map_names::NAT);
+        let pin = crate::datapath::pins::PinLayout::new(self.cfg.pin_dir.clone())
+            .map(rivet_common::map_names::NAT);
         let mut collector = match crate::nat::Collector::open(&pin, timeouts) {
             Ok(c) => c,
             Err(e) => {
@@ -1070,7 +1073,7 @@ pub async fn uplink_ipv4(cfg: &AgentConfig) -> Result<Option<Ipv4Addr>, AgentErr
         .map(|(ip, _)| *ip))
 }
 
-impl crate::etcd::ClusterSink for Agent {
+impl crate::cluster::etcd::ClusterSink for Agent {
     async fn replace(&self, nodes: Vec<RemoteNode>) {
         let mut state = self.state.lock().await;
         let NodeState { dp, cluster, .. } = &mut *state;

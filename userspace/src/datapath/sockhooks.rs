@@ -21,8 +21,8 @@ use aya::{
 };
 use rivet_common::program_names::SOCKET_HOOKS;
 
-use crate::{
-    datapath::DatapathError,
+use crate::datapath::{
+    DatapathError,
     pins::{PinLayout, remove_file_if_exists},
 };
 

@@ -185,7 +185,7 @@ pub fn remote_node(subnet: Ipv4Net, lease: &SubnetLease, default_vni: u32) -> Re
             .vtep_mac
             .as_deref()
             .and_then(parse_mac)
-            .unwrap_or_else(|| crate::node::vtep_mac_for(lease.public_ip)),
+            .unwrap_or_else(|| crate::cluster::node::vtep_mac_for(lease.public_ip)),
         vni: data.vni.unwrap_or(default_vni),
     }
 }
@@ -298,7 +298,7 @@ impl EtcdCluster {
             backend_type: config.backend.kind.clone(),
             backend_data: Some(BackendData {
                 vni: Some(vni),
-                vtep_mac: Some(format_mac(&crate::node::vtep_mac_for(node_ip))),
+                vtep_mac: Some(format_mac(&crate::cluster::node::vtep_mac_for(node_ip))),
             }),
         })
         .unwrap_or_default();

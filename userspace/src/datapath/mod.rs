@@ -6,6 +6,9 @@
 //! programs are loaded afresh and swapped into the existing pinned links with
 //! `bpf_link_update` (atomic: there is no instant without a program).
 
+pub mod pins;
+pub mod sockhooks;
+
 use std::{
     net::Ipv4Addr,
     os::fd::{AsFd as _, AsRawFd as _},
@@ -29,11 +32,8 @@ use rivet_common::{
     ipv4_key, map_names, program_names,
 };
 
-use crate::{
-    config::MapLimits,
-    nlbatch::BpfFilter,
-    pins::{Hook, PinError, PinLayout, remove_file_if_exists},
-};
+use self::pins::{Hook, PinError, PinLayout, remove_file_if_exists};
+use crate::{config::MapLimits, netlink::batch::BpfFilter};
 
 /// Runs `load` (a program's `BPF_PROG_LOAD`) again while the kernel
 /// answers EAGAIN: the verifier gives up with EAGAIN when a signal is
@@ -680,7 +680,7 @@ impl Datapath {
                 source: Box::new(source),
             })?;
         }
-        crate::sockhooks::load(&mut ebpf, layout)?;
+        crate::datapath::sockhooks::load(&mut ebpf, layout)?;
         tracing::info!(
             object = %object.source,
             stamp = object.stamp.as_deref().unwrap_or("none"),
@@ -708,7 +708,7 @@ impl Datapath {
         &mut self,
         cgroup: &std::path::Path,
         netns_cookie: u64,
-    ) -> Result<Vec<u32>, crate::sockhooks::SockHookError> {
+    ) -> Result<Vec<u32>, crate::datapath::sockhooks::SockHookError> {
         let name = map_names::SOCK_CONFIG;
         let map = self
             .ebpf
@@ -719,7 +719,7 @@ impl Datapath {
         array
             .set(0, SockConfig { netns_cookie }, 0)
             .map_err(map_err(name))?;
-        crate::sockhooks::attach(&mut self.ebpf, &self.layout, cgroup)
+        crate::datapath::sockhooks::attach(&mut self.ebpf, &self.layout, cgroup)
     }
 
     /// The pin layout.

@@ -86,7 +86,7 @@ pub async fn host_device(
             ("disable_ipv6", "1"),
         ] {
             // Best effort: absent without IPv6.
-            let _ = crate::netns::write_if_sysctl("ipv6", name, key, value);
+            let _ = crate::netlink::netns::write_if_sysctl("ipv6", name, key, value);
         }
     }
     nl.configure_link(host.index, HOST_DEV, mtu, false).await?;
@@ -114,7 +114,7 @@ pub async fn vxlan_gro_device(nl: &Netlink, port: u16) -> Result<(), NodeError> 
             })?
         }
     };
-    let _ = crate::netns::write_if_sysctl("ipv6", VXLAN_DEV, "disable_ipv6", "1");
+    let _ = crate::netlink::netns::write_if_sysctl("ipv6", VXLAN_DEV, "disable_ipv6", "1");
     nl.set_up(dev.index, VXLAN_DEV).await?;
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! rtnetlink operations, each with context in its error. A [`Netlink`] is
 //! bound to the namespace of the thread that created its socket.
 
+pub mod batch;
+pub mod netns;
+
 use std::{
     net::{IpAddr, Ipv4Addr},
     os::fd::AsRawFd as _,
@@ -8,7 +11,6 @@ use std::{
 
 use futures_util::TryStreamExt as _;
 
-use crate::nlbatch;
 use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
     packet_route::{
@@ -304,7 +306,7 @@ impl Netlink {
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
         self.handle
             .link()
-            .set(nlbatch::link_up(index))
+            .set(batch::link_up(index))
             .execute()
             .await
             .map_err(ctx(format!("setting {name} up")))
@@ -445,7 +447,7 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(nlbatch::link_route(dst, prefix, index))
+            .add(batch::link_route(dst, prefix, index))
             .execute()
             .await
             .map_err(ctx(format!("adding route {dst}/{prefix} dev {name}")))
@@ -460,7 +462,7 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(nlbatch::route_via(Ipv4Addr::UNSPECIFIED, 0, gateway, index))
+            .add(batch::route_via(Ipv4Addr::UNSPECIFIED, 0, gateway, index))
             .execute()
             .await
             .map_err(ctx(format!(
@@ -479,7 +481,7 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(nlbatch::route_via(dst, prefix, gateway, index))
+            .add(batch::route_via(dst, prefix, gateway, index))
             .execute()
             .await
             .map_err(ctx(format!(
