@@ -113,15 +113,8 @@ impl From<EndpointError> for ApiError {
     }
 }
 
-/// ADD steps where a test can inject a failure (`RIVET_FAIL_ADD_AT=<step>`).
-pub const FAULT_STEPS: [&str; 6] = [
-    "after_reserve",
-    "after_veth",
-    "after_pod_side",
-    "after_host_side",
-    "after_map",
-    "after_attach",
-];
+// Validated by the configuration (`fail_add_at`), injected here.
+pub use crate::config::FAULT_STEPS;
 
 pub use rivet_api::host_ifname;
 
