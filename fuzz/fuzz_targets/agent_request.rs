@@ -1,5 +1,5 @@
 //! The agent's socket protocol: the bytes a client sends become a
-//! `Request` through `rivet::agent::decode_request` (what the agent runs on
+//! `Request` through `rivet::server::decode_request` (what the agent runs on
 //! every connection), and the bytes the agent answers become a `Response`
 //! or a monitor event line in `rivet-api`'s client (what `rivet-cni` and
 //! `rivetctl` run).
@@ -15,11 +15,11 @@ use libfuzzer_sys::fuzz_target;
 use rivet_api::{ErrorKind, MonitorEvent, Response};
 
 fuzz_target!(|data: &[u8]| {
-    match rivet::agent::decode_request(data) {
+    match rivet::server::decode_request(data) {
         Ok(request) => {
             let again = serde_json::to_vec(&request)
                 .unwrap_or_else(|e| panic!("re-encoding {request:?}: {e}"));
-            match rivet::agent::decode_request(&again) {
+            match rivet::server::decode_request(&again) {
                 Ok(decoded) => assert_eq!(decoded, request),
                 Err(e) => panic!("{request:?} re-encoded does not decode: {e}"),
             }

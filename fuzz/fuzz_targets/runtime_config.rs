@@ -273,7 +273,7 @@ fuzz_target!(|input: Input| {
     };
     let request = Request::EndpointAdd(spec);
     let body = serde_json::to_vec(&request).unwrap_or_default();
-    match rivet::agent::decode_request(&body) {
+    match rivet::server::decode_request(&body) {
         Ok(decoded) => assert_eq!(decoded, request),
         Err(e) => panic!("the agent refuses what the plugin sends: {e}"),
     }

@@ -318,7 +318,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
         }
         None => None,
     };
-    let listener = agent::bind(&socket, agent.config().socket_group.as_deref())?;
+    let listener = rivet::server::bind(&socket, agent.config().socket_group.as_deref())?;
     tracing::info!(socket = %socket.display(), "serving");
 
     let reconciler = {
@@ -335,7 +335,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
             }
         })
     };
-    agent::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
+    rivet::server::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
     reconciler.abort();
     nat_collector.abort();
     events.abort();

@@ -20,49 +20,14 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{
-        counter::ConstCounter,
-        family::Family,
-        gauge::ConstGauge,
-        histogram::{Histogram, exponential_buckets},
-    },
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 use rivet_api::{AgentStatus, CounterValue, MapUsage};
 use tokio::net::TcpListener;
 
-use crate::agent::Agent;
-
-/// Labels of the request-latency histograms.
-type VerbLabels = Vec<(String, String)>;
-/// Histogram family constructor.
-type NewHistogram = fn() -> Histogram;
-
-/// Latency of the agent's API requests, by the CNI verb they serve.
-#[derive(Clone, Debug)]
-pub struct RequestMetrics {
-    by_verb: Family<VerbLabels, Histogram, NewHistogram>,
-}
-
-impl Default for RequestMetrics {
-    fn default() -> Self {
-        Self {
-            // 0.25 ms … 4 s.
-            by_verb: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
-            }),
-        }
-    }
-}
-
-impl RequestMetrics {
-    /// Records one request of kind `verb` that took `took`.
-    pub fn observe(&self, verb: &str, took: Duration) {
-        self.by_verb
-            .get_or_create(&vec![("verb".to_owned(), verb.to_owned())])
-            .observe(took.as_secs_f64());
-    }
-}
+use super::dispatch::dispatch;
+use crate::agent::{Agent, RequestMetrics};
 
 /// What one scrape reports, gathered by the agent.
 #[derive(Debug)]
@@ -246,12 +211,44 @@ pub fn encode(snapshot: Snapshot, requests: &RequestMetrics) -> Result<String, s
     registry.register(
         "rivet_api_request_duration_seconds",
         "Agent API requests by CNI verb (ADD, DEL, CHECK, GC, STATUS; others by request)",
-        requests.by_verb.clone(),
+        requests.histograms(),
     );
     registry.register_collector(Box::new(snapshot));
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
     Ok(text)
+}
+
+/// Ready, or why not (what `/readyz` answers).
+pub async fn readiness(agent: &Arc<Agent>) -> Result<(), String> {
+    // Not through `handle`: probes are not CNI STATUS requests.
+    match dispatch(agent, rivet_api::Request::Status {}).await {
+        Ok(rivet_api::Response::Status(s)) if s.ready => Ok(()),
+        Ok(rivet_api::Response::Status(s)) => {
+            Err(s.not_ready.unwrap_or_else(|| "not ready".into()))
+        }
+        Ok(other) => Err(format!("status: {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Everything one metrics scrape reports.
+pub async fn snapshot(agent: &Arc<Agent>) -> Result<Snapshot, String> {
+    let status = match dispatch(agent, rivet_api::Request::Status {}).await {
+        Ok(rivet_api::Response::Status(s)) => s,
+        Ok(other) => return Err(format!("status: {other:?}")),
+        Err(e) => return Err(e.to_string()),
+    };
+    let counters = match dispatch(agent, rivet_api::Request::Stats {}).await {
+        Ok(rivet_api::Response::Stats { counters }) => counters,
+        Ok(other) => return Err(format!("stats: {other:?}")),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(Snapshot {
+        ready: status.ready,
+        counters,
+        status,
+    })
 }
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
@@ -266,7 +263,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     match req.uri().path() {
-        "/metrics" => match agent.metrics_snapshot().await {
+        "/metrics" => match snapshot(agent).await {
             Ok(snapshot) => match encode(snapshot, agent.request_metrics()) {
                 Ok(text) => reply(
                     StatusCode::OK,
@@ -278,7 +275,7 @@ async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Byt
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, e),
         },
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" => match agent.readiness().await {
+        "/readyz" => match readiness(agent).await {
             Ok(()) => reply(StatusCode::OK, TEXT, "ready\n".into()),
             Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
         },
