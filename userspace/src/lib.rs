@@ -1,17 +1,22 @@
 //! rivet's userspace: the node agent (`rivetd`), the operator CLI
 //! (`rivetctl`) and what they share.
 //!
-//! | module | role |
-//! |---|---|
-//! | [`config`] | TOML + flags → validated [`config::AgentConfig`] |
-//! | [`datapath`] | the embedded eBPF object: load, pin, attach, typed maps; bpffs pins, socket hooks |
-//! | [`netlink`] | links, addresses, routes, neighbours; batches; network namespaces |
-//! | [`endpoint`] | plumbing pods in and out, with rollback; leases, CHECK, GC; IPAM |
-//! | [`store`] | crash-safe records |
-//! | [`install`] | CNI binary + conflist onto a node |
-//! | [`cluster`] | remote nodes → ROUTES and PEERS maps; node devices; etcd |
-//! | [`agent`] | the agent: start-up, API server, reconciliation |
-//! | [`server`] | metrics and health endpoint |
+//! The modules form layers; a module imports only modules of the layers
+//! below its own (`tests/layers.rs` enforces it):
+//!
+//! | layer | module | role |
+//! |---|---|---|
+//! | 7 | [`server`] | the API socket (one handler per request) and the metrics + health endpoint |
+//! | 6 | [`agent`] | the agent: node state, start-up, reconciliation, status |
+//! | 5 | [`cluster`] | remote nodes → ROUTES and PEERS maps; node devices; sources of the cluster's nodes (etcd) |
+//! | 4 | [`endpoint`] | plumbing pods in and out, with rollback; CHECK, GC, hostPorts; address management |
+//! | 3 | [`nat`] | masquerade settings and the NAT table's collector |
+//! | 3 | [`events`] | datapath events → `monitor` |
+//! | 3 | [`install`] | CNI binary, conflist, unit and config onto a node |
+//! | 2 | [`datapath`] | the eBPF object: load, pin, attach, socket hooks, typed maps |
+//! | 1 | [`netlink`] | links, addresses, routes, neighbours (async and batched); network namespaces |
+//! | 1 | [`store`] | crash-safe records and files |
+//! | 0 | [`config`] | TOML + flags → validated [`config::AgentConfig`] |
 
 pub mod agent;
 pub mod cluster;
