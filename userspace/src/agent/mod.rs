@@ -503,7 +503,7 @@ pub async fn uplink_ipv4(cfg: &AgentConfig) -> Result<Option<Ipv4Addr>, AgentErr
         .map(|(ip, _)| *ip))
 }
 
-impl crate::cluster::etcd::ClusterSink for Agent {
+impl crate::cluster::ClusterSink for Agent {
     async fn replace(&self, nodes: Vec<RemoteNode>) {
         let mut state = self.state.lock().await;
         let NodeState { dp, cluster, .. } = &mut *state;

@@ -33,6 +33,7 @@ use etcd_client::{
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
+pub use crate::cluster::ClusterSink;
 use crate::{
     cluster::RemoteNode,
     config::{EtcdSettings, Mode},
@@ -214,18 +215,6 @@ pub struct EtcdCluster {
     node_ip: Ipv4Addr,
     registration: Registration,
     value: String,
-}
-
-/// What the sync loop reports to the agent.
-pub trait ClusterSink: Send + Sync + 'static {
-    /// Replaces the set of remote nodes.
-    fn replace(&self, nodes: Vec<RemoteNode>) -> impl std::future::Future<Output = ()> + Send;
-    /// Adds or updates one node.
-    fn upsert(&self, node: RemoteNode) -> impl std::future::Future<Output = ()> + Send;
-    /// Removes one node.
-    fn remove(&self, subnet: Ipv4Net) -> impl std::future::Future<Output = ()> + Send;
-    /// Store state for status and readiness.
-    fn state(&self, text: String) -> impl std::future::Future<Output = ()> + Send;
 }
 
 fn state_file(state_dir: &Path) -> PathBuf {

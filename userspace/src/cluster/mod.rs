@@ -1,7 +1,8 @@
 //! The other nodes of the cluster as the datapath sees them: for each remote
 //! pod subnet a route (ROUTES: subnet → node IP and how to reach it) and for
 //! each node a peer entry (PEERS: node IP → VTEP MAC, VNI). Fed by the API
-//! (static clusters, tests) or by the etcd watcher.
+//! (static clusters, tests) or by a source of the cluster's nodes that
+//! reports to a [`ClusterSink`]: [`etcd`] (flannel's schema) today.
 
 pub mod etcd;
 pub mod node;
@@ -17,6 +18,19 @@ use crate::{
     datapath::{Datapath, DatapathError},
     netlink::{format_mac, parse_mac},
 };
+
+/// What a source of the cluster's nodes (the etcd watcher) reports to the
+/// agent.
+pub trait ClusterSink: Send + Sync + 'static {
+    /// Replaces the set of remote nodes.
+    fn replace(&self, nodes: Vec<RemoteNode>) -> impl std::future::Future<Output = ()> + Send;
+    /// Adds or updates one node.
+    fn upsert(&self, node: RemoteNode) -> impl std::future::Future<Output = ()> + Send;
+    /// Removes one node.
+    fn remove(&self, subnet: Ipv4Net) -> impl std::future::Future<Output = ()> + Send;
+    /// Store state for status and readiness.
+    fn state(&self, text: String) -> impl std::future::Future<Output = ()> + Send;
+}
 
 /// A remote node.
 #[derive(Debug, Clone, PartialEq, Eq)]
