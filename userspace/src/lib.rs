@@ -14,7 +14,7 @@
 //! | 3 | [`events`] | datapath events → `monitor` |
 //! | 3 | [`install`] | CNI binary, conflist, unit and config onto a node |
 //! | 2 | [`datapath`] | the eBPF object: load, pin, attach, socket hooks, typed maps |
-//! | 1 | [`netlink`] | links, addresses, routes, neighbours (async and batched); network namespaces |
+//! | 1 | [`netlink`] | links, addresses, routes, neighbours: messages, an async handle, batches; network namespaces |
 //! | 1 | [`store`] | crash-safe records and files |
 //! | 0 | [`config`] | TOML + flags → validated [`config::AgentConfig`] |
 
@@ -39,4 +39,4 @@ pub use datapath::{pins, sockhooks};
 #[doc(hidden)]
 pub use endpoint::ipam;
 #[doc(hidden)]
-pub use netlink::{batch as nlbatch, netns};
+pub use netlink::netns;

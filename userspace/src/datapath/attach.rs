@@ -19,7 +19,7 @@ use rivet_common::{SockConfig, map_names, program_names};
 use crate::config::AttachMode;
 use crate::datapath::pins::{Hook, PinLayout, remove_file_if_exists};
 use crate::datapath::{Datapath, DatapathError, map_err, prog_err};
-use crate::netlink::batch::BpfFilter;
+use crate::netlink::messages::BpfFilter;
 
 /// Priority of rivet's `cls_bpf` filters (first: nothing runs before it).
 pub const TC_PRIORITY: u16 = 1;

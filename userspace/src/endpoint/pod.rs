@@ -8,7 +8,8 @@ use ipnet::Ipv4Net;
 use super::{EndpointError, Timeline, plumbing::disable_ipv6};
 use crate::netlink::{
     Netlink,
-    batch::{Batch, LOOPBACK_IFINDEX, SyncNetlink},
+    batch::{Batch, SyncNetlink},
+    messages::LOOPBACK_IFINDEX,
     netns,
 };
 

@@ -5,130 +5,27 @@
 //! request — and needs no async runtime, which matters on the short-lived
 //! thread that configures a pod's namespace.
 
-use std::{net::Ipv4Addr, os::fd::RawFd};
+use std::net::Ipv4Addr;
 
 use rtnetlink::{
-    LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
+    LinkMessageBuilder, LinkUnspec,
     packet_core::{
         ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE,
         NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
     },
-    packet_route::{
-        AddressFamily, RouteNetlinkMessage,
-        address::AddressMessage,
-        link::{LinkAttribute, LinkMessage},
-        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
-        route::{RouteMessage, RouteScope, RouteType},
-        tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
-    },
+    packet_route::{RouteNetlinkMessage, link::LinkAttribute},
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
 };
 
-use crate::netlink::{LinkInfo, NetlinkError, link_info, veth_message};
-
-/// `ip route add <dst>/<len> dev <index> scope link`.
-pub fn link_route(dst: Ipv4Addr, prefix: u8, index: u32) -> RouteMessage {
-    RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(dst, prefix)
-        .output_interface(index)
-        .scope(RouteScope::Link)
-        .build()
-}
-
-/// `ip route add <dst>/<len> via <gw> dev <index>` (`/0`: the default route).
-pub fn route_via(dst: Ipv4Addr, prefix: u8, gateway: Ipv4Addr, index: u32) -> RouteMessage {
-    let builder = RouteMessageBuilder::<Ipv4Addr>::new();
-    let builder = if prefix == 0 {
-        builder
-    } else {
-        builder.destination_prefix(dst, prefix)
-    };
-    builder.gateway(gateway).output_interface(index).build()
-}
-
-/// `ip addr add <addr>/<prefix> dev <index>`.
-pub fn address(index: u32, addr: Ipv4Addr, prefix: u8) -> AddressMessage {
-    rtnetlink::AddressMessageBuilder::<Ipv4Addr>::new()
-        .index(index)
-        .address(addr, prefix)
-        .build()
-}
-
-/// `ip neigh replace <ip> lladdr <mac> dev <index> nud permanent`.
-pub fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessage {
-    let mut msg = NeighbourMessage::default();
-    msg.header.family = AddressFamily::Inet;
-    msg.header.ifindex = index;
-    msg.header.state = NeighbourState::Permanent;
-    msg.header.kind = RouteType::Unspec;
-    msg.attributes
-        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
-    msg.attributes
-        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
-    msg
-}
-
-/// `ip link set <index> up`.
-pub fn link_up(index: u32) -> LinkMessage {
-    LinkUnspec::new_with_index(index).up().build()
-}
-
-/// The loopback device's ifindex, the same in every network namespace.
-pub const LOOPBACK_IFINDEX: u32 = 1;
+use super::{
+    LinkInfo, NetlinkError,
+    messages::{
+        BpfFilter, address, bpf_filter, clsact, link_info, link_route, link_up,
+        permanent_neighbour, route_via, veth_message,
+    },
+};
 
 const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-
-/// `ETH_P_ALL` in network order, the protocol of a filter that sees all.
-const ETH_P_ALL_BE: u32 = 0x0300;
-
-/// `tc qdisc add dev <index> clsact`.
-pub fn clsact(index: u32) -> TcMessage {
-    let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = TcHandle::CLSACT;
-    msg.header.handle = TcHandle {
-        major: 0xffff,
-        minor: 0,
-    };
-    msg.attributes.push(TcAttribute::Kind("clsact".into()));
-    msg
-}
-
-/// A direct-action `cls_bpf` filter on the clsact hook of `index`.
-#[derive(Debug, Clone)]
-pub struct BpfFilter<'a> {
-    /// Ingress (else egress) hook.
-    pub ingress: bool,
-    /// Filter priority.
-    pub priority: u16,
-    /// Filter handle.
-    pub handle: u32,
-    /// The loaded program.
-    pub prog_fd: RawFd,
-    /// Its name (shown by `tc filter show`).
-    pub prog_name: &'a str,
-}
-
-/// `tc filter replace dev <index> ingress|egress prio P handle H bpf da fd F`.
-pub fn bpf_filter(index: u32, f: &BpfFilter<'_>) -> TcMessage {
-    let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = TcHandle {
-        major: 0xffff,
-        minor: if f.ingress {
-            TcHandle::MIN_INGRESS
-        } else {
-            TcHandle::MIN_EGRESS
-        },
-    };
-    msg.header.handle = f.handle.into();
-    msg.header.info = u32::from(f.priority) << 16 | ETH_P_ALL_BE;
-    msg.attributes.push(TcAttribute::Kind("bpf".into()));
-    msg.attributes.push(TcAttribute::Options(vec![
-        TcOption::Bpf(TcFilterBpfOption::ProgFd(f.prog_fd as u32)),
-        TcOption::Bpf(TcFilterBpfOption::ProgName(f.prog_name.to_owned())),
-        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-    ]));
-    msg
-}
 
 /// One request of a batch.
 struct Request {

@@ -1,24 +1,29 @@
 //! rtnetlink operations, each with context in its error. A [`Netlink`] is
 //! bound to the namespace of the thread that created its socket.
+//!
+//! The messages themselves are built and read in [`messages`]; [`batch`]
+//! sends many in one write, without a runtime; [`netns`] runs work inside
+//! another network namespace.
 
 pub mod batch;
+pub mod messages;
 pub mod netns;
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    os::fd::AsRawFd as _,
-};
+use std::net::{IpAddr, Ipv4Addr};
 
 use futures_util::TryStreamExt as _;
 
 use rtnetlink::{
-    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
+    Handle, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
     packet_route::{
         address::AddressAttribute,
-        link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
+        link::LinkMessage,
+        route::{RouteAttribute, RouteHeader, RouteMessage, RouteScope},
     },
 };
+
+pub use self::messages::{format_mac, parse_mac};
+use self::messages::{link_info, route_info, veth_message};
 
 /// A netlink failure, naming the operation and object.
 #[derive(Debug, thiserror::Error)]
@@ -84,25 +89,6 @@ pub struct RouteInfo {
     pub scope_link: bool,
 }
 
-fn route_info(msg: &RouteMessage) -> RouteInfo {
-    let mut r = RouteInfo {
-        dst: Ipv4Addr::UNSPECIFIED,
-        prefix: msg.header.destination_prefix_length,
-        gateway: None,
-        oif: None,
-        scope_link: msg.header.scope == RouteScope::Link,
-    };
-    for attr in &msg.attributes {
-        match attr {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => r.dst = *ip,
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => r.gateway = Some(*ip),
-            RouteAttribute::Oif(i) => r.oif = Some(*i),
-            _ => {}
-        }
-    }
-    r
-}
-
 /// A netlink route socket and its handle.
 #[derive(Clone)]
 pub struct Netlink {
@@ -112,55 +98,6 @@ pub struct Netlink {
 fn ctx(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     let op = op.into();
     move |source| NetlinkError { op, source }
-}
-
-/// The request creating veth `host` with its peer `peer` inside the
-/// namespace `peer_netns`, both with `mtu`, the peer with MAC `peer_mac`.
-pub(crate) fn veth_message(
-    host: &str,
-    peer: &str,
-    peer_netns: &std::fs::File,
-    mtu: u32,
-    peer_mac: [u8; 6],
-) -> LinkMessage {
-    let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
-        .name(peer.to_owned())
-        .setns_by_fd(peer_netns.as_raw_fd())
-        .mtu(mtu)
-        .address(peer_mac.to_vec())
-        .build();
-    LinkVeth::new(host, peer)
-        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
-        .mtu(mtu)
-        .build()
-}
-
-pub(crate) fn link_info(msg: &LinkMessage) -> LinkInfo {
-    let mut info = LinkInfo {
-        index: msg.header.index,
-        name: String::new(),
-        mac: [0; 6],
-        mtu: 0,
-        kind: None,
-        link: None,
-    };
-    for attr in &msg.attributes {
-        match attr {
-            LinkAttribute::IfName(n) => info.name.clone_from(n),
-            LinkAttribute::Address(a) if a.len() == 6 => info.mac.copy_from_slice(a),
-            LinkAttribute::Mtu(m) => info.mtu = *m,
-            LinkAttribute::Link(l) => info.link = Some(*l),
-            LinkAttribute::LinkInfo(infos) => {
-                for i in infos {
-                    if let rtnetlink::packet_route::link::LinkInfo::Kind(k) = i {
-                        info.kind = Some(k.to_string());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    info
 }
 
 impl Netlink {
@@ -306,7 +243,7 @@ impl Netlink {
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
         self.handle
             .link()
-            .set(batch::link_up(index))
+            .set(messages::link_up(index))
             .execute()
             .await
             .map_err(ctx(format!("setting {name} up")))
@@ -447,7 +384,7 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(batch::link_route(dst, prefix, index))
+            .add(messages::link_route(dst, prefix, index))
             .execute()
             .await
             .map_err(ctx(format!("adding route {dst}/{prefix} dev {name}")))
@@ -462,7 +399,12 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(batch::route_via(Ipv4Addr::UNSPECIFIED, 0, gateway, index))
+            .add(messages::route_via(
+                Ipv4Addr::UNSPECIFIED,
+                0,
+                gateway,
+                index,
+            ))
             .execute()
             .await
             .map_err(ctx(format!(
@@ -481,7 +423,7 @@ impl Netlink {
     ) -> Result<(), NetlinkError> {
         self.handle
             .route()
-            .add(batch::route_via(dst, prefix, gateway, index))
+            .add(messages::route_via(dst, prefix, gateway, index))
             .execute()
             .await
             .map_err(ctx(format!(
@@ -505,38 +447,5 @@ impl Netlink {
             .execute()
             .await
             .map_err(ctx(format!("adding neighbour {ip} on {name}")))
-    }
-}
-
-/// Formats a MAC as `aa:bb:cc:dd:ee:ff`.
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in &mut mac {
-        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(mac)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn macs_round_trip() {
-        let mac = [0x02, 0xab, 0, 1, 0x10, 0xff];
-        assert_eq!(format_mac(&mac), "02:ab:00:01:10:ff");
-        assert_eq!(parse_mac("02:ab:00:01:10:ff"), Some(mac));
-        assert_eq!(parse_mac("02:ab:00:01:10"), None);
-        assert_eq!(parse_mac("02:ab:00:01:10:ff:00"), None);
-        assert_eq!(parse_mac("zz:ab:00:01:10:ff"), None);
     }
 }
