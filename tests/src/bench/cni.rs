@@ -159,7 +159,7 @@ pub fn run(opts: &Options) -> Report {
     );
     // The same bridge-netfilter setting in every namespace of every
     // variant (nodes, underlay, pods), read back.
-    let spaces_all = |variants: &[Variant]| -> std::collections::BTreeMap<String, String> {
+    let spaces_all = |variants: &[Variant]| -> super::Settings {
         let spaces = super::world_spaces(&world)
             .chain([&bridge_node])
             .chain(variants.iter().flat_map(|v| &v.pods));

@@ -238,29 +238,29 @@ pub const BRIDGE_NF: [&str; 3] = [
     "net.bridge.bridge-nf-call-arptables",
 ];
 
+/// sysctl → its value in each namespace read.
+pub type Settings = BTreeMap<String, Vec<String>>;
+
 /// What a setting reads where its sysctl does not exist.
 const BRIDGE_NF_ABSENT: &str = "absent (br_netfilter not loaded)";
 
 /// Sets every [`BRIDGE_NF`] switch to 0 (bridged frames skip netfilter,
 /// as a CNI user would configure a node) in each of `spaces` — every
 /// namespace of every variant, so a bridge-based peer and rivet run with
-/// the same setting — and returns each sysctl's value read back from all
-/// of them (see [`settings_summary`]). A sysctl that does not exist is
+/// the same setting — and returns each sysctl's value read back from each
+/// of them (for [`Report::set_kernel_settings`]). A sysctl that does not exist is
 /// recorded as absent; a write that fails where it exists panics.
-pub fn bridge_nf_off<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> BTreeMap<String, String> {
+pub fn bridge_nf_off<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> Settings {
     bridge_nf(spaces, true)
 }
 
-/// The [`BRIDGE_NF`] values now in `spaces` (the same summary as
-/// [`bridge_nf_off`], nothing written).
-pub fn bridge_nf_read<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> BTreeMap<String, String> {
+/// The [`BRIDGE_NF`] values now in `spaces` (as [`bridge_nf_off`]
+/// returns them, nothing written).
+pub fn bridge_nf_read<'a>(spaces: impl IntoIterator<Item = &'a Netns>) -> Settings {
     bridge_nf(spaces, false)
 }
 
-fn bridge_nf<'a>(
-    spaces: impl IntoIterator<Item = &'a Netns>,
-    write: bool,
-) -> BTreeMap<String, String> {
+fn bridge_nf<'a>(spaces: impl IntoIterator<Item = &'a Netns>, write: bool) -> Settings {
     let mut seen: Vec<Vec<String>> = vec![Vec::new(); BRIDGE_NF.len()];
     for ns in spaces {
         let values = ns.exec(|| {
@@ -297,7 +297,7 @@ fn bridge_nf<'a>(
     BRIDGE_NF
         .iter()
         .zip(seen)
-        .map(|(key, values)| ((*key).to_owned(), settings_summary(&values)))
+        .map(|(key, values)| ((*key).to_owned(), values))
         .collect()
 }
 
@@ -415,54 +415,6 @@ pub fn ksoftirqd_secs() -> f64 {
     ns as f64 / 1e9
 }
 
-/// The whole machine's idle clock: when read, and the idle + iowait
-/// seconds of every CPU so far (`/proc/stat`; with NO_HZ these come from
-/// the kernel's idle entry/exit timestamps, not from ticks, but are shown
-/// in 10 ms units).
-#[derive(Debug, Clone, Copy)]
-pub struct IdleClock {
-    at: std::time::Instant,
-    idle_s: f64,
-    cpus: usize,
-}
-
-impl IdleClock {
-    /// Reads it (`None` if /proc/stat is unreadable).
-    pub fn now() -> Option<Self> {
-        let text = std::fs::read_to_string("/proc/stat").ok()?;
-        let at = std::time::Instant::now();
-        let line = text.lines().find(|l| l.starts_with("cpu "))?;
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .take(5)
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .ok()?;
-        let cpus = text
-            .lines()
-            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-            .count();
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .filter(|&t| t > 0)
-            .unwrap_or(100);
-        Some(Self {
-            at,
-            idle_s: (v.get(3)? + v.get(4)?) as f64 / hz as f64,
-            cpus,
-        })
-    }
-
-    /// Busy CPU-seconds of the whole machine (every CPU's wall time − its
-    /// idle and iowait time) from `self` to `later`, and the window length.
-    pub fn busy_until(&self, later: &Self) -> (f64, f64) {
-        let wall = later.at.duration_since(self.at).as_secs_f64();
-        (wall * self.cpus as f64 - (later.idle_s - self.idle_s), wall)
-    }
-}
-
 /// Every namespace of a world: the underlay, the nodes, the pods and the
 /// outside host.
 pub fn world_spaces(w: &World) -> impl Iterator<Item = &Netns> {
@@ -474,17 +426,20 @@ pub fn world_spaces(w: &World) -> impl Iterator<Item = &Netns> {
 
 impl Report {
     /// Records the kernel settings read back at setup (`at_setup`) and at
-    /// the end of the measurements (`at_end`); a setting that changed in
-    /// between (e.g. br_netfilter loaded meanwhile) shows both.
-    pub fn set_kernel_settings(
-        &mut self,
-        at_setup: BTreeMap<String, String>,
-        at_end: &BTreeMap<String, String>,
-    ) {
+    /// the end of the measurements (`at_end`, which may cover namespaces
+    /// added meanwhile); a setting whose values changed in between (e.g.
+    /// br_netfilter loaded meanwhile) shows both.
+    pub fn set_kernel_settings(&mut self, at_setup: Settings, at_end: &Settings) {
+        let distinct = |v: &[String]| v.iter().cloned().collect::<std::collections::BTreeSet<_>>();
         for (key, setup) in at_setup {
             let value = match at_end.get(&key) {
-                Some(end) if *end != setup => format!("{setup} at setup; {end} at the end"),
-                _ => setup,
+                Some(end) if distinct(end) != distinct(&setup) => format!(
+                    "{} at setup; {} at the end",
+                    settings_summary(&setup),
+                    settings_summary(end)
+                ),
+                Some(end) => settings_summary(end),
+                None => settings_summary(&setup),
             };
             self.kernel_settings.insert(key, value);
         }
@@ -767,10 +722,13 @@ mod tests {
         assert_eq!(s(&["0", "1", "0"]), "0 in 2, 1 in 1");
         assert_eq!(s(&[]), "no namespace");
         let mut r = Report::default();
-        let at = |v: &str| BTreeMap::from([("k".to_owned(), v.to_owned())]);
-        r.set_kernel_settings(at("0 (all 2 namespaces)"), &at("0 (all 2 namespaces)"));
-        assert_eq!(r.kernel_settings["k"], "0 (all 2 namespaces)");
-        r.set_kernel_settings(at("0 (all 2 namespaces)"), &at("1 (all 2 namespaces)"));
+        let at = |v: &[&str]| {
+            Settings::from([("k".to_owned(), v.iter().map(|x| (*x).to_owned()).collect())])
+        };
+        // More namespaces at the end (added meanwhile), the same value.
+        r.set_kernel_settings(at(&["0", "0"]), &at(&["0", "0", "0"]));
+        assert_eq!(r.kernel_settings["k"], "0 (all 3 namespaces)");
+        r.set_kernel_settings(at(&["0", "0"]), &at(&["1", "1"]));
         assert_eq!(
             r.kernel_settings["k"],
             "0 (all 2 namespaces) at setup; 1 (all 2 namespaces) at the end"

@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::{
-    CpuSample, IdleClock, Options, Report,
+    CpuSample, Options, Report,
     conn::{connection_loop, echo_server, one_byte_server, ping_pong},
     iperf3_cpu, ksoftirqd_secs, percentile, progress,
 };
@@ -55,21 +55,14 @@ const PACED_RATE: &str = "4G";
 /// Its rate in Gbit/s.
 const PACED_GBPS: f64 = 4.0;
 /// Its length in seconds (full and quick runs alike): long enough that
-/// process start and the 10 ms units of the machine-wide check are small.
+/// the connection's start and end are a small part of it.
 const PACED_SECS: u32 = 5;
 /// The share of the rate a sample must reach to count.
 const PACED_REACHED: f64 = 0.95;
 /// Its metric.
 const PACED_METRIC: &str = "cpu_s_per_gb_at_4gbps";
-/// The same over the whole machine, net of its idle baseline (a check).
-const PACED_MACHINE_METRIC: &str = "machine_cpu_s_per_gb_at_4gbps";
 /// The rate it reached.
 const PACED_RX_METRIC: &str = "paced_rx_gbit (at -b 4G)";
-/// Idle-baseline window before each paced sample, seconds.
-const IDLE_SECS: f64 = 2.0;
-/// The machine counts as quiet (its check recorded) below this many busy
-/// CPUs in that window.
-const QUIET_CPUS: f64 = 0.1;
 
 /// Sets node `n`'s flow-event switch directly (no monitor client: the
 /// datapath's share of the cost alone).
@@ -233,8 +226,7 @@ pub fn run(opts: &Options) -> Report {
     report.better.insert("conns_per_s".into(), "higher".into());
     report.better.insert("cpu_s_per_gb".into(), "lower".into());
     report.better.insert(PACED_METRIC.into(), "lower".into());
-    report.notes.push(format!("{PACED_METRIC}: CPU-seconds per GB while iperf3 sends one stream paced at {PACED_RATE}bit/s (-b {PACED_RATE}) for {PACED_SECS} s (--quick too), right after each full-rate sample of {PACED_VARIANTS:?}: a fixed offered load, so the figure is what the path costs rather than how fast it goes. CPU = the iperf3 client's and server's own run time (getrusage: the scheduler's exact ns run time; without IRQ time accounting it includes the softirqs run while they were on the CPU, i.e. nearly the whole datapath) + the ksoftirqd threads' run time over the sample (/proc/<pid>/schedstat, ns); resolution: 1 µs of CPU time (under 0.00001 CPU-s/GB over a sample); the spread between samples is far larger. Work done outside those tasks (softirqs taken while a CPU idles or another task runs) is not in it: {PACED_MACHINE_METRIC} bounds that. A sample counts only if the receiver got ≥ {:.0} % of {PACED_GBPS} Gbit/s ({PACED_RX_METRIC} lists the rates reached); samples that fell short are listed below. Not from /proc/stat's busy jiffies: those are 250 Hz tick samples, and iperf3's 1 ms pacing timer aliases with the tick (the same veth path read 0.04 to 2.6 CPU-s/GB from one paced sample to the next on an idle machine)", PACED_REACHED * 100.0));
-    report.notes.push(format!("{PACED_MACHINE_METRIC}: the whole machine over the same sample — every CPU's wall time − its idle and iowait time from /proc/stat (with NO_HZ these come from idle entry/exit timestamps, not ticks; 10 ms units, ~0.004 CPU-s/GB over {PACED_SECS} s) — minus the machine's busy rate over the {IDLE_SECS} s just before (iperf3 server already waiting) times the sample's length, recorded only when that baseline is under {QUIET_CPUS} CPU (on a busy machine the other load yields CPU to the transfer and the difference means nothing); it includes iperf3's start and exit and anything else that ran meanwhile (the agent), so it is a check on {PACED_METRIC} — what the process measure misses — not a figure to rank by"));
+    report.notes.push(format!("{PACED_METRIC}: CPU-seconds per GB while iperf3 sends one stream paced at {PACED_RATE}bit/s (-b {PACED_RATE}) for {PACED_SECS} s (--quick too), right after each full-rate sample of {PACED_VARIANTS:?}: a fixed offered load, so the figure is what the path costs rather than how fast it goes. CPU = the iperf3 client's and server's own run time (getrusage: the scheduler's exact ns run time; without IRQ time accounting it includes the softirqs run while they were on the CPU, i.e. nearly the whole datapath) + the ksoftirqd threads' run time over the sample (/proc/<pid>/schedstat, ns); resolution: 1 µs of CPU time (under 0.00001 CPU-s/GB over a sample); the spread between samples is far larger. Work done outside those tasks (softirqs taken while a CPU idles or another task runs, timers) is not in it: in a check on an idle machine (a veth pair and a plain bridge, 7 samples of 1 and 5 s) this measure came to 79–93 % of the whole machine's busy time over the same samples (every CPU's wall time − its idle time, which with NO_HZ /proc/stat takes from idle entry/exit timestamps, net of the idle rate just before); that machine-wide figure is not recorded, since on a shared machine other load fills whatever CPU the transfer leaves and it means nothing. A sample counts only if the receiver got ≥ {:.0} % of {PACED_GBPS} Gbit/s ({PACED_RX_METRIC} lists the rates reached); samples that fell short are listed below. Not from /proc/stat's busy jiffies: those are 250 Hz tick samples, and iperf3's 1 ms pacing timer aliases with the tick (in that check the same veth pair read 0.08 to 2.6 CPU-s/GB from one paced sample to the next)", PACED_REACHED * 100.0));
     report.notes.push("cpu_s_per_gb: the same process CPU measure (iperf3 client + server + ksoftirqd) during each full-rate sample, per GB the receiver got; at full rate both CPUs are saturated in every variant, so it mostly mirrors 1/throughput".into());
     report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 0.5 s (0.2 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 0.5 s (0.2 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
@@ -276,8 +268,6 @@ pub fn run(opts: &Options) -> Report {
     let kernel_at_setup = super::bridge_nf_off(spaces_all());
     report.notes.push(format!("order: {}", super::ROTATION));
     let mut short_of_rate: Vec<String> = Vec::new();
-    // Machine-wide checks (recorded, attempted).
-    let mut machine_checks = (0u32, 0u32);
     let total = (rounds + 1) * VARIANTS.len() as u32;
     let started = Instant::now();
     let mut done = 0;
@@ -329,39 +319,17 @@ pub fn run(opts: &Options) -> Report {
             // so CPU per GB there mostly mirrors throughput).
             if !warm_up && PACED_VARIANTS.contains(&variant) {
                 let srv = iperf3_server(server, 5201, Some(1));
-                // The machine's own busy rate just before: the baseline.
-                let idle_from = IdleClock::now();
-                std::thread::sleep(std::time::Duration::from_secs_f64(IDLE_SECS));
-                let (idle_to, soft) = (IdleClock::now(), ksoftirqd_secs());
+                let soft = ksoftirqd_secs();
                 let paced = iperf3_cpu(client, ip, 5201, PACED_SECS, Some(PACED_RATE));
-                let (until, soft) = (IdleClock::now(), ksoftirqd_secs() - soft);
+                let soft = ksoftirqd_secs() - soft;
                 drop(srv);
                 let gbps = paced.bits_per_second / 1e9;
                 report.add(PACED_RX_METRIC, variant, gbps);
                 let gb = paced.gbytes();
                 if gbps < PACED_GBPS * PACED_REACHED || gb <= 0.0 {
                     short_of_rate.push(format!("{variant} round {round}: {gbps:.2} Gbit/s"));
-                } else {
-                    if let Some((c, s)) = paced.cpu_s {
-                        report.add(PACED_METRIC, variant, (c + s + soft) / gb);
-                    }
-                    if let (Some(f), Some(t0), Some(t1)) = (idle_from, idle_to, until) {
-                        let (idle_busy, idle_wall) = f.busy_until(&t0);
-                        let (busy, wall) = t0.busy_until(&t1);
-                        let baseline = idle_busy / idle_wall;
-                        machine_checks.1 += 1;
-                        // On a busy machine the other load yields to the
-                        // transfer (and its baseline is the whole machine):
-                        // the check means nothing there.
-                        if baseline <= QUIET_CPUS {
-                            machine_checks.0 += 1;
-                            report.add(
-                                PACED_MACHINE_METRIC,
-                                variant,
-                                (busy - baseline * wall) / gb,
-                            );
-                        }
-                    }
+                } else if let Some((c, s)) = paced.cpu_s {
+                    report.add(PACED_METRIC, variant, (c + s + soft) / gb);
                 }
             }
             let (count, probe) = if warm_up {
@@ -413,10 +381,6 @@ pub fn run(opts: &Options) -> Report {
             short_of_rate.join("; ")
         )
     });
-    report.notes.push(format!(
-        "{PACED_MACHINE_METRIC}: recorded for {} of {} samples (the others' baseline found the machine busier than {QUIET_CPUS} CPU)",
-        machine_checks.0, machine_checks.1
-    ));
     let kernel_at_end = super::bridge_nf_read(spaces_all());
     report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
 

@@ -76,7 +76,8 @@ fn main() {
     }
     let opts = if args.quick {
         // A smoke run of every benchmark: `cargo xtask bench --quick`
-        // within 3 minutes, an incremental build included.
+        // within about 4 minutes, an incremental build included (the
+        // same-node paced CPU samples keep their 5 s).
         Options {
             rounds: 2,
             secs: 1,
