@@ -20,7 +20,7 @@ use rivet_common::{
 
 use crate::{
     Netns,
-    packet::{ETH_P_IP, Ipv4, eth, frame},
+    packet::{ETH_P_IP, IPPROTO_IPIP, IPPROTO_UDP, Ipv4, eth, frame, ipv4, udp, vxlan},
     unique_prefix,
 };
 
@@ -44,7 +44,7 @@ pub const TC_ACT_REDIRECT: u32 = 7;
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 9, 10);
 pub const ELSEWHERE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
-pub const BCAST: [u8; 6] = [0xff; 6];
+pub const BCAST: [u8; 6] = crate::packet::BROADCAST;
 
 /// `p`'s `ENDPOINTS` value.
 pub fn endpoint_info(p: PodSide, flags: u32) -> EndpointInfo {
@@ -323,8 +323,19 @@ impl Harness {
         out
     }
 
+    /// `ip` as pod `from` sends it to its host veth.
     pub fn ip_frame(&self, from: PodSide, ip: &Ipv4) -> Vec<u8> {
-        frame(&[&eth(from.host_mac, from.mac, ETH_P_IP), &ip.bytes()])
+        self.pod_frame(from, &ip.bytes())
+    }
+
+    /// The IPv4 packet `l3` as pod `from` sends it to its host veth.
+    pub fn pod_frame(&self, from: PodSide, l3: &[u8]) -> Vec<u8> {
+        frame(&[&eth(from.host_mac, from.mac, ETH_P_IP), l3])
+    }
+
+    /// The IPv4 packet `l3` as the peer node sends it to the uplink.
+    pub fn peer_frame(&self, l3: &[u8]) -> Vec<u8> {
+        frame(&[&eth(self.uplink.1, PEER_MAC, ETH_P_IP), l3])
     }
 }
 
@@ -396,40 +407,14 @@ impl Harness {
     /// A VXLAN frame from `src` (a node) to this node's uplink address
     /// carrying `inner` (an IPv4 packet) with VNI `vni` on UDP port `port`.
     pub fn vxlan_frame(&self, src: Ipv4Addr, vni: u32, port: u16, inner: &[u8]) -> Vec<u8> {
-        let udp_len = 8 + 8 + 14 + inner.len();
-        let mut udp = Vec::new();
-        udp.extend_from_slice(&49999u16.to_be_bytes());
-        udp.extend_from_slice(&port.to_be_bytes());
-        udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-        udp.extend_from_slice(&0u16.to_be_bytes());
-        udp.extend_from_slice(&[
-            0x08,
-            0,
-            0,
-            0,
-            (vni >> 16) as u8,
-            (vni >> 8) as u8,
-            vni as u8,
-            0,
-        ]);
-        udp.extend_from_slice(&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP));
-        udp.extend_from_slice(inner);
-        let outer = Ipv4 {
-            protocol: 17,
-            payload: udp,
-            ..Ipv4::new(src, NODE_IP)
-        };
-        frame(&[&eth(self.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
+        let inner = frame(&[&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP), inner]);
+        let outer = udp(49999, port, &vxlan(vni, &inner));
+        self.peer_frame(&ipv4(src, NODE_IP, IPPROTO_UDP, outer))
     }
 
     /// An IPIP frame from `src` to this node carrying `inner`.
     pub fn ipip_frame(&self, src: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
-        let outer = Ipv4 {
-            protocol: 4,
-            payload: inner.to_vec(),
-            ..Ipv4::new(src, NODE_IP)
-        };
-        frame(&[&eth(self.uplink.1, PEER_MAC, ETH_P_IP), &outer.bytes()])
+        self.peer_frame(&ipv4(src, NODE_IP, IPPROTO_IPIP, inner.to_vec()))
     }
 
     /// Mean in-kernel duration (ns) of `runs` single runs of `prog` on

@@ -604,7 +604,7 @@ fn fragments_to_the_node_pass_until_the_pod_budget_is_spent() {
     with_harness(|h| {
         let (a, b) = (h.a, h.b);
         let frag = |p: PodSide, dst: Ipv4Addr, id: u16| {
-            rivet_tests::raw::ipv4_fragment(
+            rivet_tests::packet::ipv4_fragment(
                 (p.host_mac, p.mac),
                 (p.ip, dst),
                 (id, 0, true),

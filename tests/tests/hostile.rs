@@ -22,8 +22,8 @@ use std::{
 
 use rivet_tests::{
     Netns, World,
-    packet::{ETH_P_ARP, arp, eth, frame},
-    raw::{self, RawSocket},
+    packet::{self, ETH_P_ARP, arp, eth, frame},
+    raw::RawSocket,
     traffic::{connect, listen, tcp_transfer},
     world::{AsCounter, Counter, Counters},
 };
@@ -177,7 +177,7 @@ struct Scene<'a> {
 }
 
 fn mac_of(text: &str) -> [u8; 6] {
-    raw::parse_mac(text).unwrap_or_else(|| panic!("bad MAC {text}"))
+    rivet::netlink::parse_mac(text.trim()).unwrap_or_else(|| panic!("bad MAC {text}"))
 }
 
 impl<'a> Scene<'a> {
@@ -314,11 +314,11 @@ impl<'a> Scene<'a> {
     /// to victim `v` arrives — so the sender works and the victim checks
     /// can fail.
     fn control(&self, v: usize, victim_ip: Ipv4Addr) {
-        let f = raw::ipv4_frame(
+        let f = packet::ipv4_frame(
             (self.gw_mac, self.own_mac),
             (self.own_ip, victim_ip),
-            raw::IPPROTO_UDP,
-            raw::udp(self.own_ip, victim_ip, 40000, VICTIM_PORT, b"legit"),
+            packet::IPPROTO_UDP,
+            packet::udp_checksummed(self.own_ip, victim_ip, 40000, VICTIM_PORT, b"legit"),
         );
         self.sock.send(&f).expect("sending the control frame");
         let victim = &self.victims[v];
@@ -381,11 +381,11 @@ fn assert_pods_connect(w: &World, pods: &[usize], port: &mut u16) {
 
 /// A UDP datagram from `src` to a victim, framed with `src_mac`.
 fn udp_to(scene: &Scene, src_mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    raw::ipv4_frame(
+    packet::ipv4_frame(
         (scene.gw_mac, src_mac),
         (src, dst),
-        raw::IPPROTO_UDP,
-        raw::udp(src, dst, 40001, VICTIM_PORT, b"spoofed"),
+        packet::IPPROTO_UDP,
+        packet::udp_checksummed(src, dst, 40001, VICTIM_PORT, b"spoofed"),
     )
 }
 
@@ -476,7 +476,7 @@ fn arp_attacks_are_dropped() {
     let mut s = Scene::new(&w, hostile, &[v1, v2]);
     s.control(0, ip1);
     let (own, gw_mac, own_ip) = (s.own_mac, s.gw_mac, s.own_ip);
-    let bcast = raw::BROADCAST;
+    let bcast = packet::BROADCAST;
     let arp_frame =
         |dst: [u8; 6], src: [u8; 6], body: Vec<u8>| frame(&[&eth(dst, src, ETH_P_ARP), &body]);
     let z = [0u8; 6];
@@ -572,42 +572,42 @@ fn ipv6_router_advertisements_and_redirects_are_dropped() {
     let v1_mac = mac_of(&w.pods[v1].endpoint.mac);
     let mut s = Scene::new(&w, hostile, &[v1, v2]);
     let (own, gw_mac) = (s.own_mac, s.gw_mac);
-    let ll = raw::link_local(own);
+    let ll = packet::link_local(own);
     let all_nodes: Ipv6Addr = "ff02::1".parse().expect("address");
-    let ra = raw::icmpv6_frame(
-        (raw::ALL_NODES_MAC, own),
+    let ra = packet::icmpv6_frame(
+        (packet::ALL_NODES_MAC, own),
         (ll, all_nodes),
-        raw::router_advertisement(own),
+        packet::router_advertisement(own),
     );
     s.attack(
         "IPv6 router advertisement to ff02::1",
         Counter::DropUnsupportedL3,
         &times(N, &ra),
     );
-    let ra = raw::icmpv6_frame(
-        (raw::ALL_NODES_MAC, gw_mac),
-        (raw::link_local(gw_mac), all_nodes),
-        raw::router_advertisement(gw_mac),
+    let ra = packet::icmpv6_frame(
+        (packet::ALL_NODES_MAC, gw_mac),
+        (packet::link_local(gw_mac), all_nodes),
+        packet::router_advertisement(gw_mac),
     );
     s.attack(
         "IPv6 RA as the gateway (its MAC and link-local)",
         Counter::DropUnsupportedL3,
         &times(N, &ra),
     );
-    let redirect = raw::icmpv6_frame(
+    let redirect = packet::icmpv6_frame(
         (gw_mac, own),
-        (ll, raw::link_local(gw_mac)),
-        raw::redirect(ll, "2001:db8::1".parse().expect("address"), own),
+        (ll, packet::link_local(gw_mac)),
+        packet::redirect(ll, "2001:db8::1".parse().expect("address"), own),
     );
     s.attack(
         "ICMPv6 redirect to the node",
         Counter::DropUnsupportedL3,
         &times(N, &redirect),
     );
-    let redirect = raw::icmpv6_frame(
+    let redirect = packet::icmpv6_frame(
         (v1_mac, own),
-        (ll, raw::link_local(v1_mac)),
-        raw::redirect(ll, "2001:db8::1".parse().expect("address"), own),
+        (ll, packet::link_local(v1_mac)),
+        packet::redirect(ll, "2001:db8::1".parse().expect("address"), own),
     );
     s.attack(
         "ICMPv6 redirect to another pod",
@@ -649,27 +649,27 @@ fn tunnels_aimed_at_nodes_are_dropped() {
         [0x0e, 0x72, o[0], o[1], o[2], o[3]]
     };
     for (target, victim_ip, what) in [(node1, ip1, "its own node"), (node2, ip2, "a peer node")] {
-        let inner_ip = raw::ipv4_frame(
+        let inner_ip = packet::ipv4_frame(
             (mac_of(&w.pods[v1].endpoint.mac), vtep(target)),
             (fake(target), victim_ip),
-            raw::IPPROTO_UDP,
-            raw::udp(fake(target), victim_ip, 40002, VICTIM_PORT, b"injected"),
+            packet::IPPROTO_UDP,
+            packet::udp_checksummed(fake(target), victim_ip, 40002, VICTIM_PORT, b"injected"),
         );
-        let vxlan = raw::ipv4_frame(
+        let vxlan = packet::ipv4_frame(
             (gw_mac, own),
             (own_ip, target),
-            raw::IPPROTO_UDP,
-            raw::vxlan_payload((own_ip, target), (40003, 8472), 1, &inner_ip),
+            packet::IPPROTO_UDP,
+            packet::udp_checksummed(own_ip, target, 40003, 8472, &packet::vxlan(1, &inner_ip)),
         );
         s.attack(
             &format!("VXLAN (UDP 8472, VNI 1) to {what}"),
             Counter::DropTunnelFromPod,
             &times(N, &vxlan),
         );
-        let ipip = raw::ipv4_frame(
+        let ipip = packet::ipv4_frame(
             (gw_mac, own),
             (own_ip, target),
-            raw::IPPROTO_IPIP,
+            packet::IPPROTO_IPIP,
             inner_ip[14..].to_vec(),
         );
         s.attack(
@@ -933,11 +933,11 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
         (0..FLOOD)
             .map(|i| {
                 let sport = 1024 + i;
-                raw::ipv4_frame(
+                packet::ipv4_frame(
                     (gw_mac, own),
                     (own_ip, dst),
-                    raw::IPPROTO_TCP,
-                    raw::tcp_syn(own_ip, dst, sport, dport, u32::from(i) * 7919),
+                    packet::IPPROTO_TCP,
+                    packet::tcp_syn(own_ip, dst, sport, dport, u32::from(i) * 7919),
                 )
             })
             .collect()
@@ -945,11 +945,11 @@ fn syn_and_fragment_floods_leave_other_pods_working() {
     let frags = |dst: Ipv4Addr| -> Vec<Vec<u8>> {
         (0..FLOOD)
             .map(|i| {
-                raw::ipv4_fragment(
+                packet::ipv4_fragment(
                     (gw_mac, own),
                     (own_ip, dst),
                     (i, 0, true),
-                    raw::IPPROTO_UDP,
+                    packet::IPPROTO_UDP,
                     &[0x5a; 512],
                 )
             })
@@ -1229,11 +1229,11 @@ fn nat_flood_into_a_small_table_is_stopped_by_the_pod_quota() {
     // table pressure) to closed ports of the outside host.
     let frames: Vec<Vec<u8>> = (0..4000u16)
         .map(|i| {
-            raw::ipv4_frame(
+            packet::ipv4_frame(
                 (gw_mac, own),
                 (own_ip, outside_ip),
-                raw::IPPROTO_TCP,
-                raw::tcp_syn(own_ip, outside_ip, 30000 + i, 20000 + i, u32::from(i)),
+                packet::IPPROTO_TCP,
+                packet::tcp_syn(own_ip, outside_ip, 30000 + i, 20000 + i, u32::from(i)),
             )
         })
         .collect();
