@@ -1,7 +1,24 @@
 //! Adding and removing tunnel headers with `bpf_skb_adjust_room`, the flag
-//! combinations measured to keep GSO working on this kernel
-//! (reliability/bpf-encap.md): FIXED_GSO on both sides, ENCAP_* describing
-//! the new headers on encap, DECAP_L3_IPV4 on decap.
+//! combinations measured to keep GSO working on this kernel: FIXED_GSO on both
+//! sides, ENCAP_* describing the new headers on encap, DECAP_L3_IPV4 on decap.
+//!
+//! - VXLAN (`BPF_ADJ_ROOM_MAC` with `FIXED_GSO | ENCAP_L3_IPV4 | ENCAP_L4_UDP |
+//!   ENCAP_L2_ETH | ENCAP_L2(14)`, so GSO/TSO cuts the inner TCP stream and the
+//!   kernel replicates the outer headers per segment): outer IPv4 (DF set, TTL
+//!   64, TOS copied from the inner header, full checksum); UDP source port from
+//!   the inner flow hash scaled into 32768–61000 — `skb->hash` when set (a
+//!   socket's txhash), else a Jenkins hash of the inner addresses, protocol and
+//!   ports computed in the program (fragments: no ports), not the flow
+//!   dissector (`bpf_get_hash_recalc`, 110–190 ns alone: BENCHMARKS.md);
+//!   destination port `vxlan_port`, checksum 0 (RFC 7348 over IPv4); VXLAN
+//!   flags I + VNI (the peer's, else the node's); inner Ethernet (dst = the
+//!   peer's VTEP MAC from `PEERS`, src = ours).
+//! - IPIP: `FIXED_GSO | ENCAP_L3_IPV4`, outer IPv4 protocol 4. No kernel `ipip`
+//!   module is needed on either side: decap is ours too.
+//! - Decap: `adjust_room(−overhead, FIXED_GSO | DECAP_L3_IPV4)` strips the
+//!   outer IPv4 (+ UDP + VXLAN + inner Ethernet); the outer Ethernet header
+//!   stays and is rewritten. With FIXED_GSO a GRO-merged packet keeps its
+//!   segment size.
 
 use aya_ebpf::{
     bindings::{

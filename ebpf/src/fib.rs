@@ -1,6 +1,8 @@
-//! Sending a packet toward another node: FIB lookup for the next hop, then
-//! a redirect out of the egress device with the L2 header filled in (or
-//! left to the kernel's neighbour code when the next hop is not resolved).
+//! Sending a packet toward another node: FIB lookup for the next hop, then a
+//! redirect out of the egress device with the L2 header filled in (or left to
+//! the kernel's neighbour code when the next hop is not resolved): neighbour
+//! resolved → MACs from the FIB result and `bpf_redirect(uplink)`; not resolved
+//! → `bpf_redirect_neigh` (the kernel resolves and queues).
 
 use aya_ebpf::{
     bindings::{

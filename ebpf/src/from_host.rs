@@ -1,6 +1,9 @@
-//! The node's own traffic to pods on other nodes, at TC egress of
-//! `rivet_host` (the device carrying the cluster-CIDR route): encapsulated
-//! or routed exactly like a pod's, without the router hop.
+//! The node's own traffic to pods on other nodes, at TC egress of `rivet_host`
+//! (the device carrying the cluster-CIDR route, source = node IP): encapsulated
+//! or routed exactly like a pod's, without the router hop. The IPv4 and
+//! transport headers are checked first (`drop_bad_ip_header`,
+//! `drop_truncated`); destination in `ROUTES` → [`crate::remote`]; anything
+//! else passes (`host_pass`; with ARP off nothing else is sent there).
 
 use aya_ebpf::programs::TcContext;
 use rivet_common::Counter;

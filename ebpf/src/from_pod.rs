@@ -1,22 +1,70 @@
-//! Traffic leaving a pod, seen at TC ingress of its host-side veth.
+//! Traffic leaving a pod, seen at TC ingress of its host-side veth. Reads
+//! `ENDPOINT_SLOTS`, `ENDPOINTS`, `CONFIG`, `LOCAL_ADDRS`, `ROUTES`, `PEERS`;
+//! writes `STATS` (and, on their paths, `FRAG_BUDGET` and the NAT maps).
 //!
-//! 1. ARP → [`crate::arp`] (answer for the gateway).
-//! 2. Anything but IPv4 → drop (`drop_unsupported_l3`).
-//! 3. IPv4: validate the header, then anti-spoof: the source address must be
-//!    the endpoint behind this veth and the source MAC its MAC.
-//! 4. Destination is a local pod → TTL−1, MACs rewritten, `bpf_redirect_peer`.
-//! 5. Tunnel packets (VXLAN port, IPIP) to any node → drop (injection).
-//! 6. Destination in a remote pod subnet, or another node's own address
+//! 1. 34 bytes are made linear if the skb is shorter there (`bpf_skb_pull_data`
+//!    only when needed). No Ethernet header → `drop_truncated`. A frame whose
+//!    VLAN tag the kernel already stripped into metadata (`skb->vlan_present`)
+//!    → `drop_unsupported_l3` (forwarded, the tag would leave with it).
+//! 2. ARP → [`crate::arp`] (answer for the gateway). It must be Ethernet/IPv4
+//!    (else `drop_arp_unsupported`); the sender IP must be an endpoint whose
+//!    ifindex is this veth and whose MAC is both the ARP sender MAC and the
+//!    Ethernet source (else `drop_arp_spoofed`); gratuitous ARP →
+//!    `drop_arp_spoofed`. A reply → pass (`arp_pass`). A request for the
+//!    configured gateway → rewritten in place into the reply (sender = host
+//!    veth MAC + gateway IP) and `bpf_redirect` back out of the same veth
+//!    (`arp_reply`). Anything else → `drop_arp_unsupported`.
+//! 3. Anything but IPv4 → drop (`drop_unsupported_l3`).
+//! 4. IPv4 header: version 4, IHL ≥ 5, `tot_len` ≥ header and within the frame
+//!    (Ethernet padding allowed), else `drop_bad_ip_header`; options are
+//!    allowed. On a whole datagram or a first fragment the transport header
+//!    must lie within the datagram (its total length, not the frame): TCP with
+//!    its options, UDP and ICMP 8 bytes, else `drop_truncated`.
+//! 5. Anti-spoof with one lookup: `ENDPOINTS[src]` (through the endpoint cache,
+//!    [`crate::maps`]) must exist with `ifindex == skb->ifindex`
+//!    (`drop_spoofed_ip`) and `mac == eth.src` (`drop_spoofed_mac`).
+//! 6. Destination is a local pod: TTL ≤ 1 → pass to the stack
+//!    (`pass_ttl_exceeded`); else TTL − 1 with an incremental checksum update
+//!    (RFC 1624, the arithmetic of Linux `ip_decrease_ttl`), MACs rewritten to
+//!    (dst = pod MAC, src = its host veth MAC) and `bpf_redirect_peer(ifindex)`
+//!    into the target pod's namespace (`fwd_local`). The target's host veth
+//!    egress and the host stack are skipped.
+//! 7. Tunnel packets (IPIP, or UDP to the VXLAN port) addressed to a node (this
+//!    node's addresses or any peer's) → `drop_tunnel_from_pod`: a pod must
+//!    never be able to inject packets a node would decapsulate (the UDP port is
+//!    read on first fragments only).
+//! 8. Destination in a remote pod subnet, or another node's own address
 //!    ([`crate::maps::remote_route`]) → [`crate::remote`] (encap or native
 //!    route toward that node, the way its pods are reached: no pod address
-//!    crosses the underlay raw in the tunnel modes). A hostPort pod's
-//!    answer to a pod on another node leaves the same way, translated.
-//! 7. Destination is the node → pass to the host stack; a fragment only
-//!    within the pod's fragment budget ([`crate::frag`]).
-//! 8. Destination outside the cluster (not in `NO_MASQ`, not a node) with
-//!    masquerade on → [`crate::nat::egress`]: source rewritten to the node,
-//!    sent out of the uplink.
-//! 9. Anything else → pass.
+//!    crosses the underlay raw in the tunnel modes). A hostPort pod's answer to
+//!    a pod on another node leaves the same way, translated.
+//! 9. Destination is the node (`LOCAL_ADDRS`) → pass to the host stack
+//!    (`pass_host`); a fragment only within the pod's fragment budget
+//!    ([`crate::frag`]), else `drop_frag_budget`.
+//! 10. Destination outside the cluster with masquerade on — neither in
+//!     `NO_MASQ` (cluster CIDR, link-local, multicast, broadcast, the
+//!     configured list) nor a node (`PEERS`: nodes route pod addresses back
+//!     themselves, so a node's own connection to a pod gets its replies
+//!     unchanged) → [`crate::nat::egress`] (TTL ≤ 1 → `pass_ttl_exceeded`
+//!     first): source rewritten to the node, sent out of the uplink.
+//! 11. Anything else → pass (`pass_other`; a fragment through the same budget).
+//!
+//! Why a pod's traffic to another node's own address (its hostPorts, its
+//! services, answers to that node's own connections) travels the way that
+//! node's pods are reached — encapsulated in `vxlan`/`ipip` (and to `hybrid`'s
+//! tunnelled peers), routed in `native` — as Cilium does, not masqueraded as
+//! flannel does: the pod's address stays visible to the receiving node and to a
+//! hostPort pod there (it sees the remote pod as the client, and its answer
+//! returns through the overlay as the node address and hostPort), and no pod
+//! address crosses the underlay raw, which cloud networks drop (source checks).
+//! The route mode toward a node's own address is `PeerInfo::route_mode`,
+//! written with the peer; `from_uplink` decapsulates a tunnel packet for the
+//! node before the hostPort translation, so it applies to remote pods too.
+//! Measured 2026-12-01 (`tests/pod_to_node.rs`): before, the packet left the
+//! uplink raw with the pod's source (`pass_other`) and the hostPort pod's
+//! answer was dropped after reverse DNAT (`drop_no_route`); now ping, TCP to
+//! the node, TCP and UDP hostPorts work in all four modes and a capture of the
+//! underlay shows no pod source in the tunnel modes.
 
 use aya_ebpf::{EbpfContext as _, programs::TcContext};
 use rivet_common::{Counter, endpoint_flags};

@@ -1,20 +1,45 @@
-//! Traffic arriving at the node's uplink, at TC ingress.
+//! Traffic arriving at the node's uplink, at TC ingress. Reads `CONFIG`,
+//! `PEERS`, `ROUTES`, `ENDPOINTS`, `LOCAL_ADDRS`, `HOSTPORTS`, `NAT`.
 //!
-//! 1. VXLAN (UDP to the configured port) or IPIP addressed to the node IP:
-//!    accepted only from a known node (PEERS), with VNI and sizes checked,
-//!    decapsulated and delivered to the local pod with `bpf_redirect_peer`
-//!    (or to the node through `rivet_host` when the node itself is the
-//!    destination — after step 2's hostPort translation, so a pod on
-//!    another node reaches this node's hostPorts). Anything wrong is
-//!    dropped with its reason — the idle kernel vxlan device bound to the
-//!    port (for receive GRO) never sees a packet.
-//! 2. TCP/UDP to a hostPort on one of the node's addresses: destination
-//!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]).
-//!    Replies to masqueraded flows (addressed to the node IP, matching
-//!    `NAT`): translated back and delivered to the pod ([`crate::nat`]).
-//! 3. Native routing: a packet from a remote pod subnet to a local pod is
-//!    delivered directly.
-//! 4. Everything else passes untouched: the node's own traffic never breaks.
+//! 1. Not IPv4, VLAN-tagged (`vlan_present`: it belongs to a VLAN device), not
+//!    `PACKET_HOST`, or no config → pass (`uplink_pass`).
+//! 2. To the node IP, UDP to `vxlan_port` → VXLAN decap; IP protocol 4 → IPIP
+//!    decap (the UDP port is read on first fragments only). Both check, in
+//!    order: outer header valid (total length within the frame), without
+//!    options, not a fragment (`drop_tunnel_malformed`); outer source in
+//!    `PEERS` (`drop_tunnel_unknown_peer`); VXLAN: I flag and VNI == ours
+//!    (`drop_tunnel_bad_vni`), UDP length ≥ 30 and within the outer datagram,
+//!    inner Ethernet type IPv4; the inner IPv4 header and its transport header
+//!    valid and within the tunnel payload (`drop_tunnel_malformed`); the inner
+//!    destination a local endpoint, or the node itself, else
+//!    `drop_tunnel_no_endpoint`. Then the outer headers are stripped
+//!    ([`crate::encap`]).
+//! 3. Delivery: to a pod → TTL ≤ 1 goes to the node's stack via `rivet_host`
+//!    (time-exceeded), else TTL − 1, MACs = (pod MAC, its host veth MAC) and
+//!    `bpf_redirect_peer` into the pod (`decap_vxlan` / `decap_ipip`); to the
+//!    node → destination MAC = `rivet_host`'s and `bpf_redirect(rivet_host,
+//!    INGRESS)` (`deliver_host`): the stack sees it arrive on the device its
+//!    route to the sender uses, so reverse-path checks and replies work. A
+//!    decapsulated packet for the node goes through step 4's hostPort
+//!    translation first, so a pod on another node reaches this node's
+//!    hostPorts.
+//! 4. TCP/UDP to a hostPort on one of the node's addresses: destination
+//!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]). Replies to
+//!    masqueraded flows (addressed to the node IP, matching `NAT`) and ICMP
+//!    errors about them: translated back and delivered to the pod
+//!    ([`crate::nat`], [`crate::nat_icmp`]).
+//! 5. Native routing: destination a local endpoint and source inside a remote
+//!    pod subnet (`ROUTES`) → delivered the same way (`fwd_from_peer`); to the
+//!    node IP from a remote pod subnet → `rivet_host` ingress (`deliver_host`);
+//!    both check the headers like a pod's (`drop_bad_ip_header`,
+//!    `drop_truncated`).
+//! 6. Everything else passes untouched (`uplink_pass`): the node's own traffic,
+//!    etcd, SSH never depend on rivet's maps.
+//!
+//! The rule: what is ours is delivered or dropped with a reason; what is not
+//! ours passes. The idle kernel vxlan device bound to the port (`rivet_vxlan`,
+//! kept for receive GRO: `rivet::cluster::node`) never sees a packet: TC
+//! ingress runs before the UDP socket.
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
 use rivet_common::{Counter, EndpointInfo, IPIP_OVERHEAD, NodeConfig, VXLAN_OVERHEAD};

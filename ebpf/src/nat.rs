@@ -1,16 +1,102 @@
 //! Masquerade (SNAT) on rivet's own connection tracking. Pod traffic that
-//! leaves the cluster gets the node's address and a source port from the
-//! NAT range; replies are translated back and delivered to the pod. Nothing
-//! here touches netfilter: the translated packet goes straight out of the
-//! uplink and replies straight into the pod, so `nf_conntrack` never sees
-//! these flows.
+//! leaves the cluster gets the node's address and a source port from the NAT
+//! range; replies are translated back and delivered to the pod. Nothing here
+//! touches netfilter: the translated packet goes straight out of the uplink and
+//! replies straight into the pod, so `nf_conntrack` never sees these flows.
+//! Reads and writes `NAT` (LRU hash) and `NAT_PODS`; reads `NAT_CONFIG`,
+//! `NAT_LIMITS`, `NO_MASQ`, `ENDPOINTS`, `HOSTPORTS`.
 //!
-//! Each flow has two entries in `NAT`: the pod's tuple (egress: write the
-//! node address and NAT port as source) and the reply's tuple (write the
-//! pod's address and port as destination). A new flow probes up to
-//! `NAT_PROBES` ports from a random start, claiming one with an
-//! insert-if-absent of its reply entry: two flows can never share a reply
-//! tuple. The agent expires idle entries.
+//! Each flow has two entries in `NAT`: the pod's tuple (egress: write the node
+//! address and NAT port as source) and the reply's tuple (write the pod's
+//! address and port as destination). The agent expires idle entries
+//! (`rivet::nat`, the collector).
+//!
+//! # Egress (pod → outside, from `from_pod`)
+//!
+//! The route (`bpf_fib_lookup`) is looked up first — no route → `drop_no_route`
+//! with no flow created and the packet unchanged; the parser takes layer 4 only
+//! within the datagram's total length. ICMP other than an echo request starts
+//! no flow: an error about a packet that reached the pod through one of its
+//! flows leaves like the flow ([`crate::nat_icmp`]); anything else (echo reply,
+//! error about an unknown flow or to someone else, another type) →
+//! `drop_nat_icmp_unknown`. The layer-4 header is parsed at the real IHL — TCP
+//! and UDP ports, ICMP echo request identifier; fragments (MF or offset) and
+//! other protocols → `drop_nat_unsupported` (a pod address never leaves
+//! untranslated).
+//!
+//! The pod's tuple `{src, dst, sport, dport, proto, dir=egress}` is looked up;
+//! on a miss a port is claimed: from a random start in the range, up to
+//! `NAT_PROBES` (32) ports in turn, the *reply* tuple `{dst, node_ip, dport,
+//! port, proto, dir=reply} → {pod ip, pod port}` is inserted with `BPF_NOEXIST`
+//! — the first that succeeds is ours (two flows can never share a reply tuple)
+//! — then the egress entry `→ {node_ip, port}`. A port whose reply tuple is
+//! held by a TCP flow that *ended* (a FIN each way, or a reset) at least 250 ms
+//! ago is taken over (its egress entry removed, its reply entry overwritten),
+//! as conntrack lets a SYN reopen a TIME_WAIT tuple. So is a port held by
+//! **another pod's** flow that was never answered (no reply, FIN or RST) and
+//! has been idle 5 s (`NAT_UNANSWERED_REUSE_NS`): a pod cannot recycle its own
+//! stale flows, so a pod flooding one destination with unanswered connections
+//! gets the port range once — its further SYNs are `drop_nat_no_port` — while
+//! other pods take its ports after 5 s; the flow losing its port loses nothing
+//! (never answered, its next packet starts a new flow). Counted in
+//! `NAT_STATS[UNANSWERED_TAKEN]`. None free → `drop_nat_no_port`.
+//!
+//! Before any port is claimed, the pod's quota: `NAT_PODS[pod, FLOWS] +
+//! NAT_PODS[pod, ADJUST]` ≥ `NAT_LIMITS.max_per_pod` (`nat_max_per_pod`,
+//! default `nat_max_entries / 8` = a quarter of the table's flows; 0 = none) →
+//! `drop_nat_quota`, packet unchanged — one pod cannot flush the others' flows
+//! out of the LRU table. A created flow adds 1 to `NAT_PODS[pod, FLOWS]` (a BPF
+//! atomic add); a taken-over flow subtracts 1 from its old pod's. A SYN on an
+//! existing egress entry whose flow ended (the pod reusing its port) reopens
+//! it: both entries' flags are reset, so the port is not handed away while the
+//! new connection runs.
+//!
+//! Then the TCP timestamps are shifted ([`crate::tcp_ts`]), TTL − 1, source
+//! address and port rewritten with `bpf_l3_csum_replace` /
+//! `bpf_l4_csum_replace` (pseudo-header flag for the address; UDP zero checksum
+//! kept zero; ICMP: identifier only), `bpf_fib_lookup` from the node IP and
+//! redirect out of the uplink (`fwd_snat`). The packet never enters the host
+//! stack. `last_seen` (`bpf_ktime_get_ns`, refreshed at most once a second) and
+//! TCP SYN/FIN/RST flags are kept on the entries.
+//!
+//! # Reply (at `from_uplink`, destination the node IP, after the tunnel checks)
+//!
+//! `{src, node_ip, sport, dport, proto, dir=reply}` is looked up (ICMP echo
+//! reply: the identifier is `dport`); found → destination rewritten to the
+//! pod's address and port, delivered like a decapsulated packet (TTL − 1, MACs,
+//! `bpf_redirect_peer`: `rev_snat`), the entry marked `SEEN` (the flow was
+//! answered). ICMP errors to the node about a flow are translated back by
+//! [`crate::nat_icmp`]. Not found but TCP/UDP to a port in the NAT range →
+//! `pass_nat_no_state` (an expired or evicted flow — or a socket of the node's
+//! own: the stack decides); anything else is not NAT's.
+//!
+//! # hostPorts (`hostport_in` / `hostport_reply`)
+//!
+//! The agent writes `HOSTPORTS{addr (0 = every node address), port, proto} →
+//! {pod ip, container port}` for each TCP/UDP `portMapping` of a ready endpoint
+//! (at ADD, removed at DEL/GC, made exact by every reconciliation) and sets the
+//! endpoint's `HOSTPORTS` flag. A TCP/UDP packet addressed to one of the node's
+//! own addresses — at `from_uplink` (after the tunnel checks), or at `from_pod`
+//! from a sibling pod — that hits a mapping records the reply tuple `{pod ip,
+//! client, container port, client port, proto, dir=dnat} → {node address,
+//! hostPort}` in `NAT`, gets its destination rewritten and is delivered to the
+//! pod (`fwd_dnat`); the client's address is kept, so the pod sees the real
+//! client (an outside host, another node, a sibling pod). Transit traffic and
+//! other addresses never match: only the node's addresses are looked up. A pod
+//! with the flag has each of its TCP/UDP packets looked up as a possible reply
+//! first: a hit gets its source rewritten back to the node address and hostPort
+//! and goes to the client — a local pod (`bpf_redirect_peer`) or out of the
+//! uplink (`rev_dnat`). A client's new SYN on an ended entry resets it; the
+//! entry records the pod's FIN as `FIN_POD`, the client's as `FIN`.
+//!
+//! A pod reaching its own hostPort (hairpin) also gets its source rewritten to
+//! its gateway (169.254.1.1), since a pod cannot take a packet from its own
+//! address; its answer to the gateway is matched by the same entry and both
+//! addresses restored — that pod sees 169.254.1.1 as the client. SCTP mappings
+//! are refused at ADD, as are hostPorts inside the NAT source range or on the
+//! VXLAN UDP port. A pod reaching another node's hostPort travels through the
+//! overlay to that node (see [`crate::from_pod`]), so the hostPort pod there
+//! sees the remote pod's address.
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},

@@ -1,26 +1,31 @@
 //! ICMP errors about translated flows (destination unreachable incl.
-//! fragmentation needed, time exceeded, parameter problem). The error
-//! quotes the packet as it travelled, so the quoted header and the outer
-//! address are translated like the flow itself — otherwise path MTU
-//! discovery and "connection refused" break at the NAT, or an error leaves
-//! with a pod's address:
+//! fragmentation needed, time exceeded, parameter problem). The error quotes
+//! the packet as it travelled, so the quoted header and the outer address are
+//! translated like the flow itself — otherwise path MTU discovery and
+//! "connection refused" break at the NAT, or an error leaves with a pod's
+//! address:
 //!
-//! - to the node about a masqueraded flow → the pod (outer destination,
-//!   quoted source and port);
-//! - to a node address about a hostPort connection's answer → the pod
-//!   (the same rewrites);
-//! - from a pod about a packet that reached it through a hostPort → the
-//!   client (here, on another node through the overlay, or on the
-//!   underlay), as the node (outer source, quoted destination and port).
-//! - from a pod about a packet that reached it through the masquerade
-//!   (a reply of one of its flows) → the remote, as the node (the same
-//!   rewrites, to the flow's NAT port). Any other ICMP a pod sends toward
-//!   a masqueraded destination, but an echo request, is dropped
-//!   (`drop_nat_icmp_unknown`): it would leave with the pod's address.
+//! - to the node about a masqueraded flow (quoted source = node IP, its reply
+//!   entry found) → the pod (outer destination, quoted source and port or echo
+//!   identifier);
+//! - to a node address about a hostPort connection's answer (quoting node
+//!   address, hostPort → client; matched through `HOSTPORTS` and the
+//!   connection's `NAT` entry) → the pod (the same rewrites);
+//! - from a pod about a packet that reached it through a hostPort (quoting
+//!   client → pod, container port) → the client (here, on another node through
+//!   the overlay, or on the underlay), as the node (outer source, quoted
+//!   destination and port; `rev_dnat`).
+//! - from a pod about a packet that reached it through the masquerade (a reply
+//!   of one of its flows: quoted remote → pod matching the flow's egress entry,
+//!   the error addressed to that remote) → the remote, as the node: TTL − 1,
+//!   the same rewrites to the flow's NAT port (`fwd_snat`, `snat_error_out`).
+//!   Any other ICMP a pod sends toward a masqueraded destination, but an echo
+//!   request, is dropped (`drop_nat_icmp_unknown`): it would leave with the
+//!   pod's address.
 //!
-//! Every change inside the ICMP message is balanced in the ICMP checksum
-//! (the quoted transport checksum is left alone: receivers do not check
-//! it).
+//! Every change inside the ICMP message is balanced in the quoted header's
+//! checksum and the ICMP checksum (the quoted transport checksum is left alone:
+//! receivers do not check it).
 
 use aya_ebpf::programs::TcContext;
 use rivet_common::{Counter, NatKey, NodeConfig, nat_dir};

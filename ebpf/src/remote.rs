@@ -1,6 +1,33 @@
-//! Traffic for a pod on another node: routes map lookup already done by the
-//! caller; here the MTU check, the router hop (TTL), encapsulation (or not,
-//! for native routing) and the redirect toward the peer node.
+//! Traffic for a pod on another node (or for another node's own address), from
+//! `from_pod` or `from_host`: the routes map lookup is already done by the
+//! caller; here the MTU check, the router hop (TTL), encapsulation (or not, for
+//! native routing) and the redirect toward the peer node. Reads `ROUTES`
+//! (looked up), `PEERS`, `CONFIG`.
+//!
+//! 1. MTU: the packet's L3 length (for a GSO packet: IP + TCP/UDP header +
+//!    `gso_size`, i.e. each segment it will be cut into) plus the tunnel
+//!    overhead (VXLAN 50, IPIP 20, native 0) must fit `uplink_mtu`. Too big:
+//!    from a pod, non-GSO with DF → ICMP fragmentation-needed built in BPF
+//!    ([`crate::icmp`], `icmp_frag_needed`, next-hop MTU = uplink MTU −
+//!    overhead) and sent back into the pod; GSO or non-DF → pass to the stack,
+//!    which routes it over `rivet_host` (MTU = pod MTU) and fragments or
+//!    answers itself; from the node → `drop_too_big` (the node's own stack
+//!    already obeys rivet_host's MTU, so this never happens in practice).
+//! 2. `bpf_fib_lookup(OUTPUT, ifindex = uplink)` from the node IP to the peer's
+//!    node IP → next hop and MACs; no route → `drop_no_route`.
+//! 3. From a pod: TTL ≤ 1 → pass to the stack (`pass_ttl_exceeded`, it sends
+//!    time-exceeded); else TTL − 1 (each node is a router hop, so traceroute
+//!    shows both nodes).
+//! 4. Encapsulation ([`crate::encap`]): VXLAN, IPIP, or nothing for native
+//!    (only the MACs change). A peer without a `PEERS` entry → `drop_no_route`;
+//!    failure of the helper → `drop_encap_failed`.
+//! 5. Transmit ([`crate::fib`]), counted `fwd_encap_vxlan`, `fwd_encap_ipip` or
+//!    `fwd_native`. Outer packets are built after netfilter would have seen
+//!    them: they never touch iptables/conntrack.
+//!
+//! `bpf_fib_lookup` needs `net.ipv4.ip_forward=1` even with the OUTPUT flag, so
+//! the agent turns forwarding on (the stack also forwards the TTL-expired and
+//! too-big cases).
 
 use aya_ebpf::programs::TcContext;
 use rivet_common::{

@@ -1,13 +1,27 @@
-//! hostPorts for the node's own sockets: cgroup socket-address hooks that
-//! send a connect or a datagram aimed at a node address (or loopback) and a
-//! hostPort straight to the pod, at the socket, before a packet exists —
-//! so 127.0.0.1 works without `route_localnet` and nothing is NATed on the
-//! wire. Answers show the address the application used (recvmsg4,
-//! getpeername4), remembered per socket in `SOCK_REVNAT`.
+//! hostPorts for the node's own sockets: cgroup socket-address hooks that send
+//! a connect or a datagram aimed at a node address (or loopback) and a hostPort
+//! straight to the pod, at the socket, before a packet exists — so 127.0.0.1
+//! works without `route_localnet` and nothing is NATed on the wire. Such a
+//! packet never crosses an interface rivet owns (loopback), and routing
+//! 127.0.0.1 to a pod would need `route_localnet`.
 //!
-//! The hooks sit on a cgroup that other network namespaces share (the
-//! cgroup2 root); they act only on sockets of the node's own namespace,
-//! identified by its cookie, and let every call proceed.
+//! `sock_connect4` (TCP, connected UDP) and `sock_sendmsg4` (unconnected UDP)
+//! look the destination up — a loopback address in mappings without hostIP
+//! (`HOSTPORTS{0, port, proto}`), a node address (`LOCAL_ADDRS`) as
+//! `nat::hostport_in` does — and, for a ready endpoint, rewrite it to the pod's
+//! address and container port, remembering `{socket cookie, pod, container
+//! port} → {address, hostPort}` in `SOCK_REVNAT` (LRU). `sock_recvmsg4` and
+//! `sock_getpeername4` show that remembered address instead of the pod's, so a
+//! DNS-like client that checks the answer's source, or `getpeername`, sees what
+//! it asked for. The pod sees the node's address as the client (the kernel
+//! picks the source for the route to the pod).
+//!
+//! The hooks sit on a cgroup that other network namespaces share (the cgroup2
+//! root); each first compares `bpf_get_netns_cookie` with `SOCK_CONFIG`'s
+//! cookie (the node namespace's `SO_NETNS_COOKIE`, written by the agent) and
+//! leaves every other socket alone — several nodes on one machine each have
+//! their own hooks. Every call proceeds. Attaching, pinning and restart:
+//! `rivet::datapath::sockhooks`.
 
 use aya_ebpf::{
     EbpfContext as _,

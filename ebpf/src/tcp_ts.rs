@@ -1,12 +1,21 @@
-//! The TCP timestamp option (RFC 7323) of a masqueraded flow: found in
-//! the options, shifted by the flow's delta with the checksum balanced.
+//! The TCP timestamp option (RFC 7323) of a masqueraded flow: found in the
+//! options, shifted by the flow's delta with the checksum balanced.
 //!
 //! Why: Linux gives every connection a random timestamp offset, so two
-//! connections that leave through the same NAT tuple one after the other
-//! look to the server like one clock jumping back; its TIME_WAIT socket
-//! then refuses the second SYN (PAWS) and the client pays a reset and a
-//! retransmission. Masquerade therefore rewrites TSval on the way out to
-//! the node's one clock and TSecr on the way back to the pod's own.
+//! connections that leave through the same NAT tuple one after the other look
+//! to the server like one clock jumping back; its TIME_WAIT socket then refuses
+//! the second SYN (PAWS) and the client pays a reset and a retransmission
+//! (measured: 464 refusals in 6 s, connections/s down from ~7000 to ~400).
+//! Masquerade therefore rewrites TSval on the way out to the node's one clock
+//! and TSecr on the way back to the pod's own.
+//!
+//! How: a flow's first SYN fixes `ts_delta` = node clock − pod TSval (node
+//! clock = CLOCK_MONOTONIC ms + `NatConfig.ts_base`, random per node and kept
+//! across restarts); TSval is shifted by it on the way out, TSecr back on the
+//! way in, checksum balanced. The option is found by the NOP NOP TS fast path
+//! or a bounded walk of the options; an odd-aligned option is left alone. The
+//! server sees one rising clock per node, so reusing an ended flow's port is
+//! safe across pods.
 
 use aya_ebpf::programs::TcContext;
 
