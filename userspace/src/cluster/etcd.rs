@@ -1,5 +1,6 @@
 //! Cluster state in etcd v3, in flannel's schema so that a flannel cluster's
-//! state reads the same way (and a flannel node's lease is a rivet peer):
+//! state reads the same way (and a flannel node's lease is a rivet peer; the
+//! interop test runs one). Default prefix `/rivet.io/network`:
 //!
 //! ```text
 //! <prefix>/config                       {"Network": "10.244.0.0/16", "SubnetLen": 24,
@@ -11,13 +12,27 @@
 //! ```
 //!
 //! Backend types: `vxlan` (+ `DirectRouting` = rivet's hybrid), `ipip`,
-//! `host-gw` (= native). A node's subnet is created with a transaction
-//! (`create_revision == 0`), so no two nodes ever hold the same one; a node
-//! that comes back (same PublicIP) takes its key over. Every agent watches
-//! `<prefix>/subnets/` and mirrors the other nodes into its ROUTES and PEERS
-//! maps. An agent's restart keeps its registration (no churn on the other
-//! nodes); a node that stops is removed everywhere when its lease expires,
-//! and `rivetd unload` deletes its key at once.
+//! `host-gw` (= native).
+//!
+//! - The first agent seeds `config` from its own settings with a
+//!   create-if-absent transaction; every agent then adopts what etcd holds
+//!   (network, subnet length, mode, VNI, port), as flanneld does; a malformed
+//!   config is refused with the key and the reason.
+//! - Subnet lease: the subnet remembered in `<state_dir>/subnet` if still free
+//!   or already ours (same PublicIP: a node that comes back takes its key
+//!   over), else a random free one, created with a transaction
+//!   (`create_revision == 0`) under an etcd lease (TTL `etcd_lease_ttl`,
+//!   default 10 s) kept alive every TTL/3. Two agents can never hold one
+//!   subnet.
+//! - Every agent watches `<prefix>/subnets/` (from the revision of its initial
+//!   read) and mirrors the other nodes into its ROUTES and PEERS maps; entries
+//!   for nodes that vanished are removed. An agent's restart (SIGTERM) keeps
+//!   its registration (no churn on the other nodes); a node that stops is
+//!   removed everywhere when its lease expires, and `rivetd unload` deletes its
+//!   key at once.
+//! - etcd unreachable: the datapath keeps forwarding with the last known maps;
+//!   the agent reconnects every second, re-creates its key if the lease expired
+//!   meanwhile, and resyncs the whole view before watching again.
 
 use std::{
     net::Ipv4Addr,

@@ -1,8 +1,16 @@
 //! The other nodes of the cluster as the datapath sees them: for each remote
 //! pod subnet a route (ROUTES: subnet → node IP and how to reach it) and for
 //! each node a peer entry (PEERS: node IP → VTEP MAC, VNI). Fed by the API
-//! (static clusters, tests) or by a source of the cluster's nodes that
-//! reports to a [`ClusterSink`]: [`etcd`] (flannel's schema) today.
+//! (`node_set`/`node_del`: static clusters, tests) or by a source of the
+//! cluster's nodes that reports to a [`ClusterSink`]: [`etcd`] (flannel's
+//! schema) today.
+//!
+//! The mode is decided here, per peer, and written into its ROUTES entry, so
+//! the datapath never decides: in `hybrid` (flannel's DirectRouting) a peer on
+//! the same L2 (its node IP inside the uplink's own subnet) is routed natively,
+//! any other gets VXLAN. VNI (default 1) and port (default 8472, flannel's) are
+//! agent settings (`vni`, `vxlan_port`); the VTEP MAC is derived from the node
+//! IP (`0e:72:<ip>`), so a peer's MAC is known from its address alone.
 
 pub mod etcd;
 pub mod node;

@@ -1,18 +1,33 @@
 //! Node-level plumbing the datapath relies on, made idempotently at every
 //! start:
 //!
-//! - `rivet_host` / `rivet_net`: a veth pair (this kernel has no dummy
-//!   device) whose `rivet_host` end carries the cluster-CIDR route (`src` =
-//!   node IP, MTU = pod MTU). `from_host` on its TC egress encapsulates the
-//!   node's own traffic to remote pods; decapsulated traffic for the node is
-//!   delivered to its ingress. ARP is off on it: the program writes L2.
-//! - `rivet_vxlan`: an idle collect-metadata vxlan device bound to the VXLAN
-//!   port. It never receives a packet (`from_uplink` decapsulates or drops
-//!   everything sent to the port); its UDP tunnel socket makes the kernel's
-//!   GRO merge VXLAN trains before TC ingress, as it does for the kernel's
-//!   own vxlan device.
-//! - IPv4 forwarding on (pods' TTL-expired and fragmented packets go through
-//!   the stack).
+//! - `rivet_host` / `rivet_net`: a veth pair (this kernel has no dummy device)
+//!   whose `rivet_host` end carries the cluster-CIDR route (`src` = node IP,
+//!   MTU = pod MTU). `from_host` on its TC egress encapsulates the node's own
+//!   traffic to remote pods; decapsulated traffic for the node is delivered to
+//!   its ingress. ARP is off on it: the program writes L2.
+//! - `rivet_vxlan`: an idle collect-metadata vxlan device (`external`) bound to
+//!   the VXLAN port, in vxlan and hybrid modes. It never receives a packet
+//!   (`from_uplink` decapsulates or drops everything sent to the port); its UDP
+//!   tunnel socket makes the kernel's GRO merge VXLAN trains before TC ingress,
+//!   as it does for the kernel's own vxlan device.
+//! - IPv4 forwarding on (`bpf_fib_lookup` needs it; pods' TTL-expired and
+//!   fragmented packets go through the stack).
+//!
+//! Receive GRO for VXLAN, the measured decision: GRO runs before TC and merges
+//! VXLAN only when a UDP tunnel socket with a GRO handler is bound to the
+//! destination port. With a pure-BPF decap, on a NIC-like underlay, each
+//! 1500-byte segment would be decapsulated and delivered alone. With
+//! `rivet_vxlan`'s socket GRO merges trains and `from_uplink` decapsulates the
+//! merged super-packet (with FIXED_GSO the segment size is preserved) before
+//! the socket ever sees it. XDP decap before GRO was the alternative; it would
+//! need its own MAC/FIB handling, and the device costs nothing per packet.
+//! Profiled again (BENCHMARKS.md, overlay): the VXLAN-specific GRO layers are ≈
+//! 4 % of the NIC-like CPU per GB, the most XDP could save, while an `XDP_PASS`
+//! program alone on the veth uplinks costs 39 % more CPU per GB there (4× on
+//! the veth default: veth converts every skb for XDP) — not built. The
+//! benchmark variant `rivet-vxlan-nogro` (the device deleted) measures the
+//! difference. IPIP needs nothing: GRO handles IPIP natively.
 
 use std::net::Ipv4Addr;
 

@@ -1,6 +1,36 @@
-//! The eBPF object: the one built into this binary, its build stamp and
-//! hash, and the check that an object (and the pinned maps) have the map
-//! layouts of this build.
+//! The eBPF object: the one built into this binary, its build stamp and hash,
+//! and the check that an object (and the pinned maps) have the map layouts of
+//! this build.
+//!
+//! `userspace/build.rs` calls `aya_build::build_ebpf` on `ebpf/` and the object
+//! is embedded with `include_bytes_aligned!` ([`OBJECT`]). With
+//! `AYA_BUILD_SKIP=1` an empty object is written; the agent then refuses to
+//! start with a message saying so.
+//!
+//! Upgrading the datapath: every start loads the programs afresh and swaps them
+//! into the running hooks (`bpf_link_update` for TCX links, `tc filter replace`
+//! for pod veths in tc mode), so an upgrade is a restart with other programs.
+//! They come from the embedded object or, with `--ebpf-object PATH`
+//! (`ebpf_object`), from a file: a rebuilt datapath (a hotfix) without a new
+//! `rivetd`. The object's map definitions (type, key and value size, parsed
+//! with `aya-obj` before anything is created) must equal the layouts this build
+//! expects, else the agent refuses to start with `the eBPF object … defines map
+//! … as …; this rivet expects …` and touches nothing — its programs would
+//! otherwise read the pinned maps with another layout. Pinned maps whose type
+//! or key/value sizes differ are refused the same way on every start (never
+//! silently reused); matching pins are reused, so entries survive.
+//!
+//! The build stamp: `ebpf/src/stamp.rs` puts `rivet-ebpf-stamp:<value>` in
+//! `.rodata` (an exported `#[used]` static no program reads, so no instruction
+//! changes), the value being `RIVET_EBPF_STAMP` at build time, else the crate
+//! version. The agent finds it by scanning the object's bytes and reports it
+//! with an FNV-1a hash of the bytes in its start log (`datapath object loaded`)
+//! and in `rivetctl status` (`AgentStatus.ebpf`, a field older clients ignore).
+//! `tests/upgrade.rs` builds a second object from the same source with another
+//! stamp (other bytes, same instructions: equal program tags) and restarts an
+//! agent onto it and back under four paced TCP streams in each mode; an object
+//! whose ENDPOINTS value size was changed is refused while the old programs
+//! keep forwarding.
 
 use aya::{
     maps::{MapData, MapType},

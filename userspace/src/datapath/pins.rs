@@ -1,16 +1,27 @@
 //! bpffs and the pin directory of a node.
 //!
 //! ```text
-//! <pin_dir>/                 (0700, flock'ed by the agent that owns it)
-//!   maps/<MAP>               every map of the datapath
-//!   progs/<program>          the programs the links point at
-//!   links/<hook>-<ifname>    one TCX link per attached interface and hook
-//!                            (bpffs forbids '.' in names: '%' and '.' in
-//!                            interface names are written %25 and %2E)
+//! /sys/fs/bpf/rivet/<node>/    (0700, flock'ed by the agent that owns it)
+//!   maps/<MAP>                 every map of the datapath (rivet_common::map_names::ALL)
+//!   progs/<program>            from_pod from_uplink from_host
+//!                              sock_connect4 sock_sendmsg4 sock_recvmsg4 sock_getpeername4
+//!   links/ingress-<ifname>     TCX links: the uplink; pods in tcx mode
+//!   links/egress-rivet_host    TCX link of from_host
+//!   hooks/sock_*               cgroup links of the socket hooks (cgroup2 root)
 //! ```
 //!
+//! bpffs forbids `.` in names: `%` and `.` in interface names are written `%25`
+//! and `%2E`. Pod veths in the default `tc` mode carry a netlink `cls_bpf`
+//! filter (by program fd; the program is the pinned `from_pod`), not a link:
+//! the veth's lifetime is the attachment's.
+//!
 //! Everything under the pin directory outlives the agent: the datapath keeps
-//! forwarding while rivetd restarts or upgrades.
+//! forwarding while rivetd restarts or upgrades. The lock is taken
+//! non-blocking: a second agent fails with "in use by another rivetd". The
+//! default `/sys/fs/bpf` is mounted if needed; another path must already be
+//! bpffs. `rivetd unload` removes pod veths, links (tc, TCX, cgroup), pins and
+//! the state directory; `rivetctl uninstall` runs it before removing the
+//! installed files.
 
 use std::{
     fs::File,

@@ -1,9 +1,14 @@
 //! The node's own sockets to hostPorts: the cgroup socket-address hooks
-//! (`sock_connect4`, `sock_sendmsg4`, `sock_recvmsg4`,
-//! `sock_getpeername4`) loaded with the object, attached to the cgroup2
-//! root beside anyone else's programs (links are multi-attach) and pinned under
-//! `<pin dir>/hooks`. They act only on sockets of the node's network
-//! namespace, whose cookie the agent writes into `SOCK_CONFIG`.
+//! (`sock_connect4`, `sock_sendmsg4`, `sock_recvmsg4`, `sock_getpeername4`)
+//! loaded with the object, attached as bpf_links to the cgroup2 root beside
+//! anyone else's programs (links are multi-attach) and pinned under `<pin
+//! dir>/hooks/`. They act only on sockets of the node's network namespace,
+//! whose cookie the agent writes into `SOCK_CONFIG` (what they do:
+//! `ebpf/src/sock.rs`).
+//!
+//! On restart the new links are attached before the old pins are removed (both
+//! translate alike; there is no instant without a hook). No cgroup2 mounted → a
+//! warning, the rest works.
 
 use std::{
     fs::File,

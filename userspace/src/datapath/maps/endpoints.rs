@@ -1,4 +1,14 @@
 //! ENDPOINTS and ENDPOINT_SLOTS: the pods of this node.
+//!
+//! `ENDPOINT_SLOTS` is a direct-mapped cache of `ENDPOINTS` the programs read
+//! first (`ebpf/src/maps.rs`). The agent writes the hash entry, then the slot
+//! (only if empty or already the same address); on removal it clears the slot
+//! first, so no slot is ever ahead of its entry. At start
+//! `Datapath::sync_endpoint_slots` rebuilds the cache from `ENDPOINTS` (a crash
+//! between the writes, an upgrade from an agent without the cache, entries
+//! removed while no agent ran). A slot is rewritten only when empty or for the
+//! same address, so a torn read during the agent's write can only mix two
+//! versions of the same endpoint.
 
 use std::net::Ipv4Addr;
 

@@ -1,5 +1,17 @@
-//! Typed access to the maps, one file per family; the sized maps and
-//! their full-map refusals.
+//! Typed access to the maps, one file per family; the sized maps and their
+//! full-map refusals.
+//!
+//! `ENDPOINTS` (`max_endpoints`), `ROUTES` and `PEERS` (`max_routes`),
+//! `HOSTPORTS` (`max_hostports`) and `NAT` (`nat_max_entries`) are sized from
+//! the agent's configuration at load (`EbpfLoader::map_max_entries`); a pinned
+//! map keeps its size until `rivetd unload` (a warning says so). A full map's
+//! refusal (E2BIG from a hash, ENOSPC from the trie) becomes
+//! `DatapathError::MapFull{map, capacity, key}` and is counted per map; the
+//! endpoint path maps it to `Exhausted` (CNI code 100), `Cluster::upsert`
+//! removes the peer entry it just wrote when the route is refused (no
+//! half-added node). `status.maps` carries entries, capacity, `memlock` (from
+//! the map fd's fdinfo) and refusals for each; `status.warnings` says which map
+//! to grow (≥ 90 % full, or any refusal). Memory per map: RELIABILITY.md.
 
 pub(super) mod cluster;
 pub(super) mod endpoints;
