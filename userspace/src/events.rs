@@ -1,9 +1,12 @@
-//! Datapath events: a task reads the `EVENTS` ring buffer (its own handle
-//! on the pinned map), decodes each record — reason name, interface name,
-//! 5-tuple — and fans it out to `monitor` clients over a broadcast channel.
-//! Flow events are switched on in `EVENT_CONFIG` while at least one client
-//! asks for them, and off again when the last one leaves: no client, no
-//! cost beyond one map lookup per packet.
+//! Datapath events: a task reads the `EVENTS` ring buffer with its own handle
+//! on the pinned map (tokio `AsyncFd`, woken by the kernel), decodes each
+//! record — reason name, interface name via `if_indextoname` in the node's
+//! namespace, 5-tuple — and fans it out to `monitor` clients over a broadcast
+//! channel (what the datapath writes: `ebpf/src/events.rs`). Flow events are
+//! switched on in `EVENT_CONFIG` while at least one client asks for them — the
+//! finest sampling any of them asked for — and off (0) again when the last one
+//! leaves: no client, no cost beyond one map lookup per packet. Drops are cheap
+//! to report because they are rare.
 
 use std::{
     net::Ipv4Addr,

@@ -1,23 +1,46 @@
-//! Masquerade and hostPorts from userspace: the settings the datapath
-//! reads, the checks made at start, and the garbage collector of the NAT
-//! table (masqueraded flows: two entries each; hostPort connections: one).
+//! Masquerade and hostPorts from userspace: the settings the datapath reads,
+//! the checks made at start, and the garbage collector of the NAT table
+//! (masqueraded flows: two entries each; hostPort connections: one).
 //!
-//! The datapath creates a flow's two entries (egress and reply) and keeps
-//! their `last_seen` and TCP flags fresh; the collector removes both when
-//! the flow has been idle longer than its timeout, and removes entries
-//! whose partner vanished (evicted by the LRU under pressure), counting
-//! them. It works on its own handle of the pinned map, without the agent's
-//! state lock.
+//! The datapath creates a flow's two entries (egress and reply) and keeps their
+//! `last_seen` and TCP flags fresh; the collector (`Collector`, its own handle
+//! on the pinned map, no state lock, every `nat_gc_interval` s) removes both
+//! when the flow has been idle longer than its timeout — TCP 60 s before a
+//! reply, `nat_tcp_timeout` (3600 s) once answered, `nat_tcp_closing_timeout`
+//! (10 s) after RST or a FIN each way; UDP `nat_udp_timeout` (60 s); ICMP 30 s
+//! — and removes entries whose partner vanished (evicted by the LRU under
+//! pressure), counting both in `status.nat` (`entries`, `max_entries`,
+//! `expired`, `orphaned`) together with `evicted` = entries created
+//! (`NAT_STATS`) − live − removed by the collector: a full table recycles its
+//! least recently used flows, never refuses a new one, and shows it; over 90 %
+//! full the agent logs a warning.
 //!
-//! Per-pod quota (`nat_max_per_pod`): the datapath keeps a running count
-//! of each pod's flows in `NAT_PODS` (one per flow it creates, minus one
-//! per flow of the pod another flow takes over); flows that leave the
-//! table otherwise (expired here, evicted by the LRU) are accounted by the
-//! collector's recount: at each collection it reads the running counts,
-//! then the table, and writes each pod's correction so that count +
-//! correction = the pod's egress entries it saw (minus those it removed).
-//! Flows created while it reads the table are counted twice until the next
-//! collection — the error is on the safe side.
+//! The collector decides on a snapshot of the table and, just before removing a
+//! doomed entry (or a flow's pair), reads it again: one whose `last_seen` moved
+//! since the snapshot was used meanwhile — typically a client that reused its
+//! TIME_WAIT port toward a hostPort, whose SYN revived the ended connection's
+//! entry — and is kept (`spared` in `status.nat`). Removing it would leave the
+//! new connection's answers untranslated (masqueraded, then reset by the
+//! client): found when a benchmark client hung, tested in
+//! `datapath_nat.rs::collector_spares_an_entry_used_again_after_its_decision`.
+//! The window left is the few microseconds between that read and the removal.
+//!
+//! Per-pod quota (`nat_max_per_pod`): the datapath keeps a running count of
+//! each pod's flows in `NAT_PODS` (`FLOWS`: one per flow it creates, minus one
+//! per flow of the pod another flow takes over, atomic adds); flows that leave
+//! the table otherwise (expired here, evicted by the LRU) are accounted by the
+//! collector's recount: at each collection it reads the running counts, then
+//! the table, and writes each pod's correction (`ADJUST`) so that count +
+//! correction = the pod's egress entries it saw (minus those it removed). The
+//! datapath writes only `FLOWS` and the collector only `ADJUST`, so no update
+//! is lost. Flows created while it reads the table are counted twice until the
+//! next collection — the error is on the safe side. A pod without flows loses
+//! its slots.
+//!
+//! The table's size is `nat_max_entries` (default 131072), set at load; a
+//! pinned table keeps its size until `rivetd unload`. The NAT port range
+//! (default 61000–65535) must not overlap the node's `ip_local_port_range`: the
+//! agent refuses to start otherwise.
 
 use std::{collections::HashMap as StdHashMap, net::Ipv4Addr, ops::RangeInclusive, path::Path};
 

@@ -3,10 +3,19 @@
 //! flaws. The leases themselves are the endpoint records (written before the
 //! pod is plumbed, see `endpoint`); this module only chooses addresses.
 //!
+//! - The address comes from the requested one (CNI_ARGS `IP`,
+//!   `runtimeConfig.ips`, `args.cni.ips`, or a delegated IPAM plugin) or from
+//!   [`Ipam`]: the request's ranges (host-local format, inside the node's pod
+//!   CIDR) or the whole pod CIDR; the gateway is never handed out.
+//! - An address is taken if a record holds it, the endpoints map holds it, the
+//!   node has it (addresses, /32 routes via other devices: refreshed by the
+//!   reconciler), or a deleted pod's veth is still being removed.
+//!
 //! Round-robin: the search starts after the last address handed out from the
-//! same range set, so a freed address is not reused until the set wraps
-//! (stale ARP caches, cni#194). The position is a hint persisted without
-//! fsync: losing it only restarts the search at the beginning.
+//! same range set, so a freed address is not reused until the set wraps (stale
+//! ARP caches, cni#194). The position (`ipam-last.json`) is a hint persisted
+//! without fsync, written like the records: losing or garbling it only restarts
+//! the search at the range start (taken addresses are skipped anyway).
 
 use std::{
     collections::BTreeMap,

@@ -1,4 +1,60 @@
 //! ADD, DEL, CHECK and GC of attachments.
+//!
+//! ADD (`endpoint_add`), with rollback:
+//! 1. Validate: container ID (libcni's regex), ifname (IFNAMSIZ, no `/ : ..` or
+//!    whitespace), netns, routes, port mappings (ports 1–65535, hostIP a node
+//!    address, no clash with another endpoint's hostIP/port/protocol), no
+//!    attachment for (container, ifname). Open the netns (missing → not_found).
+//!    Choose the address (a veth still draining for it is deleted now rather
+//!    than failing).
+//! 2. Pending record, written on the blocking pool while step 3 runs. The pod
+//!    side's thread starts too (`pod`): its wake-up, `setns` into the pod
+//!    namespace and blocking netlink socket overlap the veth creation.
+//! 3. Veth created with the pod end inside the netns and MAC `02:72:<ip>`, on
+//!    the blocking socket with `NLM_F_ECHO`: the kernel's echo of the new host
+//!    end gives its ifindex, MAC and the pod end's ifindex (`IFLA_LINK`) in the
+//!    same round trip (a kernel before 6.3 does not echo: looked up). On
+//!    `EEXIST`: if a host veth with our derived name exists (a leftover of a
+//!    crash between creation and the ready record) it is deleted and the
+//!    creation retried once; otherwise the pod already has that ifname →
+//!    conflict "interface already exists in netns", the interface untouched.
+//!    The pod side is then told the pod end's ifindex.
+//! 4. Map entry (before any program can look for it); meanwhile the pod side
+//!    writes the pod end's IPv6 sysctls.
+//! 5. Host end's IPv6 sysctls, then — once the pod end's are written too — pod
+//!    side and host side run concurrently, each as **one netlink batch**
+//!    (`netlink::batch`: all requests in one `sendmsg`, which the kernel
+//!    handles in order, then all acks read — one round trip instead of one per
+//!    request). No sysctl write overlaps a batch: `disable_ipv6` takes RTNL by
+//!    trylock and restarts the write until it gets it, and one spinning beside
+//!    the other side's batch made the ADD tail (both 10–20 ms on a loaded
+//!    machine). Sysctls are written through one directory fd. Pod side batch:
+//!    lo up (ifindex 1 in every namespace), address, link up, gateway `/32`
+//!    scope-link route, default route, extra routes. Host side batch: up, `/32`
+//!    route, permanent neighbour and, in tc mode, the `clsact` qdisc and the
+//!    `from_pod` filter (by program fd). In TCX mode the link is created after
+//!    the batch.
+//! 6. Ready record (rewritten in place, see the module `endpoint`).
+//!
+//! A failure at any step (`RIVET_FAIL_ADD_AT=<step>` injects one in tests) runs
+//! the rollback: attachment removed, map entry removed, veth deleted (its
+//! routes and neighbour go with it), record removed.
+//!
+//! DEL (`endpoint_del`): map entry removed if it still points at the record's
+//! veth, TCX pin removed, record removed (lease released) — then the answer.
+//! The veth is deleted in the background (device unregistration waits for RCU:
+//! 20–30 ms nobody needs to wait for); until it is gone its address stays
+//! taken. DEL of something that does not exist succeeds with `existed: false`.
+//!
+//! CHECK (`endpoint_check`), in order, the first failure reported by name:
+//! lease exists and is ready, address equals the previous result's, host veth
+//! exists with the recorded ifindex, host route `/32 dev rv…`, endpoint map
+//! entry, (TCX pin), `from_pod` attached to the veth's ingress, pod netns
+//! exists, `eth0` in it with the address `/32`, gateway route, default route,
+//! extra routes.
+//!
+//! GC (`gc`): every attachment not in `valid` is deleted (waiting for its
+//! veth); then every `rv…` veth no record owns.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -1,6 +1,16 @@
-//! The host side of ADD: the veth, its address, route and neighbour, the
-//! map entry and the attached program, each step undone by [`Rollback`]
-//! when a later one fails.
+//! The host side of ADD: the veth, its address, route and neighbour, the map
+//! entry and the attached program, each step undone by [`Rollback`] when a
+//! later one fails.
+//!
+//! The host end is named `rv` + 13 hex digits of FNV-1a(container ID, ifname)
+//! (`rivet_api::host_ifname`, which the CNI plugin's DEL derives too), has no
+//! address and IPv6 disabled (`disable_ipv6=1`, `accept_ra=0`, `accept_dad=0`:
+//! rivet is IPv4-only, and this keeps the drop counters free of ND/MLD noise);
+//! it carries a `/32` route to the pod and a permanent neighbour entry (the
+//! host learns the pod's MAC from the agent, never by ARP; a valid ARP reply
+//! from a pod is still passed). The veth is created with its pod end directly
+//! inside the pod namespace (`IFLA_NET_NS_FD` on the peer), never moved, so the
+//! pod's `eth0` cannot clash with a host name.
 
 use std::net::Ipv4Addr;
 

@@ -1,5 +1,14 @@
 //! The pod side: work run on a thread inside the pod's network namespace
 //! (addresses, routes, loopback), with a spare thread started ahead.
+//!
+//! The pod's `eth0` holds `podIP/32`, with `169.254.1.1 dev eth0 scope link`
+//! (the gateway, answered by `from_pod`'s ARP) and `default via 169.254.1.1`;
+//! IPv6 is disabled (`disable_ipv6=1`, `accept_ra=0`, `accept_dad=0`), so pods
+//! emit no ND/MLD/RS noise.
+//!
+//! The thread is a spare started after the previous ADD (on the blocking pool,
+//! so in the agent's namespace) that runs one pod side and exits — no thread
+//! ever returns from a pod namespace; a new thread when no spare is ready.
 
 use std::{net::Ipv4Addr, path::PathBuf};
 

@@ -1,15 +1,28 @@
-//! Prometheus metrics and health endpoints of the agent, on `metrics_addr`
-//! (default 127.0.0.1:9402, in the node's network namespace):
+//! Prometheus metrics and health endpoints of the agent, a second listener on
+//! `metrics_addr` (default 127.0.0.1:9402, TCP in the node's network
+//! namespace), served by hyper:
 //!
-//! - `GET /metrics`: OpenMetrics text. Datapath counters per reason and
-//!   path, map fill levels, endpoints, IPAM pool, cluster state, API
-//!   request latency by CNI verb — see [`encode`].
+//! - `GET /metrics`: OpenMetrics text. Datapath counters per reason and path,
+//!   map fill levels, endpoints, IPAM pool, cluster state, API request latency
+//!   by CNI verb — see [`encode`].
 //! - `GET /healthz`: 200 while the agent serves.
-//! - `GET /readyz`: 200 when the datapath is attached and, in cluster
-//!   mode, the store is synced; 503 with the reason otherwise.
+//! - `GET /readyz`: 200 when the datapath is attached and, in cluster mode, the
+//!   store is synced; 503 with the reason otherwise.
 //!
-//! Datapath figures are read at scrape time (one pass over the pinned
-//! maps); only the request latencies live in the agent.
+//! A scrape builds a fresh `prometheus-client` registry from a snapshot taken
+//! through the same code as `status` and `stats` (the per-CPU `STATS` map
+//! summed, map fills, NAT pressure from the collector, pool, cluster state):
+//! nothing is cached, so a scrape is always the kernel's current view. Counter
+//! names map to families by prefix (`family_of`): `drop_*` →
+//! `rivet_drop_*{reason}`, `fwd_*`/`rev_*`/`decap_*`/`deliver_host` →
+//! `rivet_forward_*{path}`, the rest → `rivet_pass_*{reason}`. The only state
+//! the agent keeps for metrics is the request-latency histogram family,
+//! observed in `Agent::handle` per request, labelled with the CNI verb it
+//! serves (ADD = `endpoint_add`, DEL, CHECK, GC, STATUS) — internal status
+//! calls for scrapes and probes bypass it. Ready = the uplink (if configured)
+//! runs `from_uplink` (checked from the live links at each call) and, with
+//! etcd, the store state is `etcd: synced`; `rivetctl status` exits 1 when not
+//! ready, naming why.
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 

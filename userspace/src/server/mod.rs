@@ -1,6 +1,20 @@
-//! Serving the agent: the API socket (a request per connection, answered
-//! by one handler per request kind, or a `monitor` stream) and the metrics +
-//! health endpoint ([`metrics`]).
+//! Serving the agent: the API socket (a request per connection, answered by one
+//! handler per request kind, or a `monitor` stream) and the metrics + health
+//! endpoint ([`metrics`]).
+//!
+//! The protocol (JSON over a unix stream socket, one request per connection,
+//! each side acting on the other's document at its closing brace) is
+//! `rivet_api`'s: one [`rivet_api::Request`] variant per operation (`"op"`),
+//! one [`rivet_api::Response`] per answer (`"result"`), an error carrying its
+//! kind (`bad_request`, `conflict`, `not_found`, `exhausted`, …) and message.
+//! Unknown fields are rejected. A connection closed without an answer means
+//! "try again". Requests are bounded (`MAX_MESSAGE`, 4 MiB; 5 s to send);
+//! mutations are serialized by one lock (`dispatch`).
+//!
+//! `monitor {flows, sample}` is the one request that streams: the connection
+//! stays open and receives one JSON event per line (see `crate::events`), plus
+//! a keep-alive line each second (how a client that left is noticed); a client
+//! too slow for the broadcast is told how many events it lost.
 
 mod dispatch;
 pub mod metrics;
