@@ -1,18 +1,38 @@
 //! rivet-cni: the CNI plugin named by `"type": "rivet-cni"` in a conflist.
 //!
-//! A thin client of rivetd: every verb becomes one request on the agent's
-//! unix socket (default /run/rivet/rivetd.sock, or the config's `socket`).
-//! One function per verb; errors are spec JSON on stdout with exit status 1,
-//! logs go to stderr. When the agent is down, ADD fails fast with code 11,
-//! STATUS reports 50 (also when the agent answers but is not ready, with
-//! its reason), and DEL still succeeds after removing what it can locally
-//! (the agent reconciles the rest when it returns). DEL never fails because
-//! its configuration does not decode: it removes the attachment its
-//! container ID and ifname name.
+//! A thin, synchronous client of rivetd (serde + std; no async runtime): every
+//! verb becomes one request on the agent's unix socket (default
+//! /run/rivet/rivetd.sock, or the config's `socket`). One function per verb;
+//! errors are spec JSON on stdout with exit status 1, logs go to stderr. When
+//! the agent is down, ADD fails fast with code 11, STATUS reports 50 (also when
+//! the agent answers but is not ready, with its reason), and DEL still succeeds
+//! after removing what it can locally (the agent reconciles the rest when it
+//! returns). DEL never fails because its configuration does not decode: it
+//! removes the attachment its container ID and ifname name.
 //!
-//! Every request names the network (the conflist's `name`): the CNI
-//! attachment key is (network, container ID, ifname), and GC of one
-//! network never touches another's attachments.
+//! | verb | what it asks the agent | agent unreachable |
+//! |---|---|---|
+//! | VERSION | nothing | — |
+//! | ADD | `endpoint_add` (after a delegated IPAM ADD if `ipam.type` is not `rivet`; its DEL if the agent fails) | code 11 at once (connect refused), or 11 after the 30 s bound |
+//! | DEL | `endpoint_del` (+ delegated IPAM DEL) | deletes the host veth itself over netlink (name derived from container ID + ifname); the agent releases the lease when it returns |
+//! | CHECK | `endpoint_check` with the prevResult's address (+ delegated CHECK) | code 11 |
+//! | STATUS | `status`: 50 if the pool is exhausted | code 50 |
+//! | GC | `gc` with `cni.dev/valid-attachments` ∪ `cni.dev/attachments` | code 11 |
+//!
+//! Every request names the network (the conflist's `name`): the CNI attachment
+//! key is (network, container ID, ifname), and GC of one network never touches
+//! another's attachments. Before touching anything ADD/DEL refuse a `CNI_NETNS`
+//! that is the plugin's own namespace (code 8) unless `CNI_NETNS_OVERRIDE` is
+//! set. Results follow the config's version (0.3.x/0.4.0: `ips[].version`;
+//! 1.1.0: interface `mtu`) and, when chained after another plugin, append to
+//! its `prevResult`. The installed conflist says `cniVersion` 1.0.0 with
+//! `cniVersions` `[0.3.1, 0.4.0, 1.0.0, 1.1.0]`: podman 4.3's libcni reads
+//! 1.0.0, newer runtimes pick 1.1.0.
+//!
+//! Shipped as a static-pie binary: `cargo xtask build/install` link it with `-C
+//! target-feature=+crt-static` for an explicit `--target`, so proc macros and
+//! build scripts are unaffected; `cargo xtask test` drives that binary and
+//! checks it has no ELF interpreter.
 
 use std::{
     io::{Read as _, Write as _},

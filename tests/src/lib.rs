@@ -12,6 +12,52 @@
 //! carry a per-process, per-world prefix so tests can run in parallel. Nothing
 //! here touches the machine's own interfaces or addresses outside the
 //! namespaces it made.
+//!
+//! | module | what |
+//! |---|---|
+//! | `netns` | `Netns`: `ip netns add` guard; `command()` runs through `nsenter --net=` (unlike `ip netns exec` it keeps `/sys`, so bpffs stays visible); `exec(closure)` runs on a dedicated thread that `setns`es |
+//! | `world` | `World`: the underlay bridge (it stands for a switch, so bridge netfilter is off there), nodes (`eth0` on the bridge, their own agent, pin dir, state dir, socket, log), pods created through the agent API, an outside host; drop order: pods, nodes (agent stopped, `rivetd unload`, pins removed), outside, underlay, scratch dir |
+//! | `agent` | `AgentProc`: spawns `rivetd`, waits for its socket, SIGTERM (then SIGKILL) on drop |
+//! | `traffic` | ping, TCP transfer with byte counts, iperf3 client/server |
+//! | `continuity` | paced streams, sequenced UDP and a 10 ms attachment poller for the restart and upgrade tests |
+//! | `flannel` | a node set up the way flanneld's vxlan backend sets one up (interop test, overlay baseline); `nic_like()` turns the underlay into software GSO/checksum + NAPI GRO |
+//! | `packet`, `raw`, `capture` | frame builders with checksums; a pod's raw socket sending whole Ethernet frames (as with `CAP_NET_RAW`); captures of one interface |
+//! | `progtest` | per-program tests with `BPF_PROG_TEST_RUN` (below) |
+//! | `metrics` | GET from the agent's HTTP port inside a node namespace; Prometheus sample lookups |
+//! | `cni`, `cri` | plugins run like a runtime (env + stdin, result/error JSON parsed; `Node::assert_no_pod_state` checks veths, pins, records, map entries and routes are all gone); containerd driven through CRI |
+//! | `bench` | `rivet-bench` (`cargo xtask bench`): one file per benchmark, each building its own world, interleaving variants and writing `report.json`, `report.md` and SVG plots (`plot`) under `target/bench/<timestamp>/`; `guard` is the regression check |
+//!
+//! Per-program tests (`tests/tests/datapath*.rs`) load a private copy of the
+//! object (no pins) in a fresh namespace with two veth pairs standing for two
+//! pods' host veths, fill the maps, run the real entry program with
+//! `BPF_PROG_TEST_RUN` and check verdict, output bytes (a dropped packet must
+//! be unchanged) and that exactly the expected counter moved by one. On 6.18
+//! `BPF_PROG_TEST_RUN` itself refuses frames under 14 bytes and IPv4 frames
+//! under 34 bytes (EINVAL before the program runs); truncation is exercised
+//! with ARP and unknown ethertypes. `progtest` also builds tunnel frames, turns
+//! masquerade on, can load with a small NAT table, and times a path
+//! (`Harness::time`: mean kernel-measured duration of single runs), which
+//! `bench prog-cost` uses.
+//!
+//! Integration tests, one file per concern in `tests/tests/`. Operator-facing:
+//! `operator.rs` (metrics scraped over HTTP in the node namespace, `/healthz`,
+//! `/readyz` through an etcd outage, every rivetctl listing in table and JSON,
+//! `monitor` with a spoofed packet and flow events switching on and off),
+//! `deploy.rs` (the shipped unit, example configuration and DaemonSet parsed
+//! and checked; `rivetctl install` → agent → `rivetctl uninstall` compared
+//! against the node namespace before). Hardening (RELIABILITY.md lists each
+//! threat with its test and result): `restart.rs` (four paced TCP streams —
+//! same-node, cross-node per mode, masquerade, hostPort — through SIGTERM,
+//! SIGKILL and a 30 s outage of the agent, with a 10 ms attachment poller and
+//! the state compared before and after; a changed map layout refused),
+//! `upgrade.rs` (the same across a restart onto a rebuilt, byte-different
+//! object and back; an object with another map layout refused), `hostile.rs`
+//! (real attacks from a pod: exact drop counters, victims silent, neighbour and
+//! route tables unchanged, floods), `malformed.rs` (one table of malformed
+//! frames through every program, plus short and VLAN-tagged frames over a real
+//! veth), `exposure.rs` (modes and owners of state, pins and socket; `nobody`
+//! via `setpriv`, a socket group, pods and the metrics port, `route_localnet`,
+//! hostPort vs transit), `limits.rs` (full endpoints and routes maps).
 
 pub mod agent;
 pub mod bench;
