@@ -12,7 +12,10 @@ use std::net::Ipv4Addr;
 use aya::maps::{Array, MapData};
 use rivet_common::{Counter, EndpointSlot, NodeConfig, program_names};
 use rivet_tests::{
-    packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Ipv4, arp, eth, frame, ipv4_checksum_ok},
+    packet::{
+        ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP, Ipv4, arp, eth, frame, ipv4_checksum_ok,
+        ipv4_fragment, set_total_len,
+    },
     progtest::*,
 };
 
@@ -479,7 +482,7 @@ fn malformed_frames_get_defined_verdicts() {
             Counter::DropBadIpHeader,
         );
         let mut long = good.clone();
-        long[16..18].copy_from_slice(&1500u16.to_be_bytes());
+        set_total_len(&mut long[14..], 1500);
         h.expect(
             program_names::FROM_POD,
             &long,
@@ -488,7 +491,7 @@ fn malformed_frames_get_defined_verdicts() {
             Counter::DropBadIpHeader,
         );
         let mut short = good.clone();
-        short[16..18].copy_from_slice(&12u16.to_be_bytes());
+        set_total_len(&mut short[14..], 12);
         h.expect(
             program_names::FROM_POD,
             &short,
@@ -604,11 +607,11 @@ fn fragments_to_the_node_pass_until_the_pod_budget_is_spent() {
     with_harness(|h| {
         let (a, b) = (h.a, h.b);
         let frag = |p: PodSide, dst: Ipv4Addr, id: u16| {
-            rivet_tests::packet::ipv4_fragment(
+            ipv4_fragment(
                 (p.host_mac, p.mac),
                 (p.ip, dst),
                 (id, 0, true),
-                17,
+                IPPROTO_UDP,
                 &[0x5a; 512],
             )
         };

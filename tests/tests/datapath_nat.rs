@@ -13,23 +13,23 @@ use std::net::Ipv4Addr;
 use aya::maps::{HashMap, MapData};
 use rivet_common::{Counter, NatEntry, NatKey, ipv4_key, nat_dir, program_names};
 use rivet_tests::{
-    packet::{ETH_P_IP, Ipv4, checksum, eth, frame, ipv4_checksum_ok},
+    packet::{
+        IPPROTO_ICMP, IPPROTO_TCP, Ipv4, Tcp, be16, checksum, edit_ipv4, icmp, icmp_query, ipv4,
+        ipv4_checksum_ok, l4_checksum_ok, quote, set_total_len,
+    },
     progtest::*,
 };
 
 /// The "internet" host: the permanent neighbour on the uplink.
 const OUTSIDE: Ipv4Addr = PEER_IP;
 
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-/// A TCP segment (20-byte header, no options) with a correct checksum.
+/// An IPv4 packet with a TCP segment (no options), checksums right.
 fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
     tcp_with_options(src, dst, (sport, dport), flags, &[], payload)
 }
 
-/// A TCP segment with `options` (a multiple of 4 bytes).
+/// An IPv4 packet with a TCP segment: sequence number 1000, window 65535,
+/// `options` (a multiple of 4 bytes), checksums right.
 fn tcp_with_options(
     src: Ipv4Addr,
     dst: Ipv4Addr,
@@ -38,40 +38,14 @@ fn tcp_with_options(
     options: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
-    let doff = (20 + options.len()) / 4;
-    let mut seg = Vec::new();
-    seg.extend_from_slice(&sport.to_be_bytes());
-    seg.extend_from_slice(&dport.to_be_bytes());
-    seg.extend_from_slice(&1000u32.to_be_bytes());
-    seg.extend_from_slice(&0u32.to_be_bytes());
-    seg.extend_from_slice(&[(doff as u8) << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
-    seg.extend_from_slice(options);
-    seg.extend_from_slice(payload);
-    let sum = checksum(&[pseudo(src, dst, 6, seg.len()), seg.clone()].concat());
-    seg[16..18].copy_from_slice(&sum.to_be_bytes());
-    seg
-}
-
-fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: usize) -> Vec<u8> {
-    let mut p = Vec::new();
-    p.extend_from_slice(&src.octets());
-    p.extend_from_slice(&dst.octets());
-    p.extend_from_slice(&[0, proto]);
-    p.extend_from_slice(&(len as u16).to_be_bytes());
-    p
-}
-
-/// True if the TCP/UDP checksum of the IPv4 packet at `off` verifies.
-fn l4_checksum_ok(frame: &[u8], off: usize) -> bool {
-    let ip = &frame[off..];
-    let hlen = usize::from(ip[0] & 0x0f) * 4;
-    let tot = usize::from(be16(&ip[2..4]));
-    let (src, dst) = (
-        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
-    );
-    let seg = &ip[hlen..tot];
-    checksum(&[pseudo(src, dst, ip[9], seg.len()), seg.to_vec()].concat()) == 0
+    let seg = Tcp {
+        seq: 1000,
+        window: 0xffff,
+        options: options.to_vec(),
+        payload: payload.to_vec(),
+        ..Tcp::new(sport, dport, flags)
+    };
+    ipv4(src, dst, IPPROTO_TCP, seg.checksummed(src, dst))
 }
 
 fn nat_entries(h: &Harness) -> Vec<(NatKey, NatEntry)> {
@@ -81,12 +55,7 @@ fn nat_entries(h: &Harness) -> Vec<(NatKey, NatEntry)> {
 }
 
 fn tcp_frame(h: &Harness, a: PodSide, sport: u16, flags: u8) -> Vec<u8> {
-    let ip = Ipv4 {
-        protocol: 6,
-        payload: tcp(a.ip, OUTSIDE, sport, 443, flags, b"hello"),
-        ..Ipv4::new(a.ip, OUTSIDE)
-    };
-    h.ip_frame(a, &ip)
+    h.pod_frame(a, &tcp(a.ip, OUTSIDE, sport, 443, flags, b"hello"))
 }
 
 #[test]
@@ -134,12 +103,7 @@ fn new_flow_existing_flow_and_reply() {
         assert_eq!(nat_entries(h).len(), 2);
 
         // The reply, at the uplink: back to the pod's address and port.
-        let reply_ip = Ipv4 {
-            protocol: 6,
-            payload: tcp(OUTSIDE, NODE_IP, 443, port, 0x12, b"world"),
-            ..Ipv4::new(OUTSIDE, NODE_IP)
-        };
-        let reply = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &reply_ip.bytes()]);
+        let reply = from_outside(h, NODE_IP, 443, port, 0x12, b"world");
         let back = h.expect(
             program_names::FROM_UPLINK,
             &reply,
@@ -157,12 +121,7 @@ fn new_flow_existing_flow_and_reply() {
         assert_eq!(&back[54..], b"world");
 
         // A packet to the NAT range with no state is the node's business.
-        let stray_ip = Ipv4 {
-            protocol: 6,
-            payload: tcp(OUTSIDE, NODE_IP, 443, 61_050, 0x10, b""),
-            ..Ipv4::new(OUTSIDE, NODE_IP)
-        };
-        let stray = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &stray_ip.bytes()]);
+        let stray = from_outside(h, NODE_IP, 443, 61_050, 0x10, b"");
         let passed = h.expect(
             program_names::FROM_UPLINK,
             &stray,
@@ -172,12 +131,7 @@ fn new_flow_existing_flow_and_reply() {
         );
         assert_eq!(passed, stray);
         // Outside the range: not NAT's at all.
-        let other_ip = Ipv4 {
-            protocol: 6,
-            payload: tcp(OUTSIDE, NODE_IP, 443, 22, 0x02, b""),
-            ..Ipv4::new(OUTSIDE, NODE_IP)
-        };
-        let other = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &other_ip.bytes()]);
+        let other = from_outside(h, NODE_IP, 443, 22, 0x02, b"");
         h.expect(
             program_names::FROM_UPLINK,
             &other,
@@ -209,29 +163,14 @@ fn udp_and_icmp_echo_are_translated() {
 
         // An ICMP port unreachable about that datagram, as the outside host
         // sends it: it quotes what it received (node IP, NAT port).
-        let quoted_ip = Ipv4 {
+        // (the quoted total length is the whole datagram's)
+        let quoted = Ipv4 {
             payload: out[34..42].to_vec(),
             ..Ipv4::new(NODE_IP, OUTSIDE)
         };
-        let mut quoted = quoted_ip.bytes();
-        quoted[2..4].copy_from_slice(&((out.len() - 14) as u16).to_be_bytes());
-        quoted[10] = 0;
-        quoted[11] = 0;
-        let c = checksum(&quoted[..20]);
-        quoted[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut unreach = vec![3, 3, 0, 0, 0, 0, 0, 0];
-        unreach.extend_from_slice(&quoted);
-        let c = checksum(&unreach);
-        unreach[2..4].copy_from_slice(&c.to_be_bytes());
-        let error = frame(&[
-            &eth(h.uplink.1, PEER_MAC, ETH_P_IP),
-            &Ipv4 {
-                protocol: 1,
-                payload: unreach,
-                ..Ipv4::new(OUTSIDE, NODE_IP)
-            }
-            .bytes(),
-        ]);
+        let quoted = edit_ipv4(quoted.bytes(), |q| set_total_len(q, out.len() - 14));
+        let unreach = icmp(3, 3, [0; 4], &quoted);
+        let error = h.peer_frame(&ipv4(OUTSIDE, NODE_IP, IPPROTO_ICMP, unreach));
         let back = h.expect(
             program_names::FROM_UPLINK,
             &error,
@@ -251,18 +190,8 @@ fn udp_and_icmp_echo_are_translated() {
         assert_eq!(be16(&back[62..64]), 53, "quoted source port = the pod's");
 
         // ICMP echo request: the identifier is the port.
-        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
-        icmp.extend_from_slice(b"ping");
-        let sum = checksum(&icmp);
-        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-        let echo = h.ip_frame(
-            a,
-            &Ipv4 {
-                protocol: 1,
-                payload: icmp,
-                ..Ipv4::new(a.ip, OUTSIDE)
-            },
-        );
+        let ping = icmp_query(8, 0x1234, 1, b"ping");
+        let echo = h.pod_frame(a, &ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, ping));
         let out = h.expect(
             program_names::FROM_POD,
             &echo,
@@ -273,19 +202,8 @@ fn udp_and_icmp_echo_are_translated() {
         assert_eq!(be16(&out[38..40]), 62_000, "identifier translated");
         assert_eq!(checksum(&out[34..]), 0, "ICMP checksum");
         // The echo reply comes back with the translated identifier.
-        let mut rep = vec![0, 0, 0, 0, 0xf2, 0x30, 0, 1];
-        rep.extend_from_slice(b"ping");
-        let sum = checksum(&rep);
-        rep[2..4].copy_from_slice(&sum.to_be_bytes());
-        let reply = frame(&[
-            &eth(h.uplink.1, PEER_MAC, ETH_P_IP),
-            &Ipv4 {
-                protocol: 1,
-                payload: rep,
-                ..Ipv4::new(OUTSIDE, NODE_IP)
-            }
-            .bytes(),
-        ]);
+        let pong = icmp_query(0, 0xf230, 1, b"ping");
+        let reply = h.peer_frame(&ipv4(OUTSIDE, NODE_IP, IPPROTO_ICMP, pong));
         let back = h.expect(
             program_names::FROM_UPLINK,
             &reply,
@@ -338,15 +256,10 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
             Counter::DropNatUnsupported,
         );
         // Nor a fragment (MF set): its later pieces carry no ports.
-        let mut frag = tcp_frame(h, a, 40_004, 0x02);
-        frag[20] |= 0x20;
-        let fix = {
-            let mut hdr = frag[14..34].to_vec();
-            hdr[10] = 0;
-            hdr[11] = 0;
-            checksum(&hdr)
-        };
-        frag[24..26].copy_from_slice(&fix.to_be_bytes());
+        let frag = edit_ipv4(tcp(a.ip, OUTSIDE, 40_004, 443, 0x02, b"hello"), |l3| {
+            l3[6] |= 0x20;
+        });
+        let frag = h.pod_frame(a, &frag);
         h.expect(
             program_names::FROM_POD,
             &frag,
@@ -357,17 +270,8 @@ fn exhausted_range_and_untranslatable_packets_are_dropped() {
         // An echo reply (someone reached the pod other than through the
         // masquerade) starts no NAT flow and answers none: it would leave
         // with the pod's address.
-        let mut rep = vec![0, 0, 0, 0, 0x12, 0x34, 0, 1];
-        let sum = checksum(&rep);
-        rep[2..4].copy_from_slice(&sum.to_be_bytes());
-        let echo_reply = h.ip_frame(
-            a,
-            &Ipv4 {
-                protocol: 1,
-                payload: rep,
-                ..Ipv4::new(a.ip, OUTSIDE)
-            },
-        );
+        let pong = icmp_query(0, 0x1234, 1, b"");
+        let echo_reply = h.pod_frame(a, &ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, pong));
         let out = h.expect(
             program_names::FROM_POD,
             &echo_reply,
@@ -418,12 +322,7 @@ fn full_table_recycles_flows_and_the_evictions_show() {
 
 /// A server's segment to the node's NAT port, at the uplink.
 fn server_frame(h: &Harness, nat_port: u16, flags: u8) -> Vec<u8> {
-    let ip = Ipv4 {
-        protocol: 6,
-        payload: tcp(OUTSIDE, NODE_IP, 443, nat_port, flags, b""),
-        ..Ipv4::new(OUTSIDE, NODE_IP)
-    };
-    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+    from_outside(h, NODE_IP, 443, nat_port, flags, b"")
 }
 
 /// Sends a pod's TCP segment and expects `counter`; returns the NAT port
@@ -513,14 +412,10 @@ fn pod_segment_ts(h: &Harness, pod: PodSide, sport: u16, syn: bool, tsval: u32) 
     } else {
         ([&[1, 1, 8, 10][..], &ts].concat(), 0x10, 24)
     };
-    let ip = Ipv4 {
-        protocol: 6,
-        payload: tcp_with_options(pod.ip, OUTSIDE, (sport, 443), flags, &options, b"x"),
-        ..Ipv4::new(pod.ip, OUTSIDE)
-    };
+    let ip = tcp_with_options(pod.ip, OUTSIDE, (sport, 443), flags, &options, b"x");
     let out = h.expect(
         program_names::FROM_POD,
-        &h.ip_frame(pod, &ip),
+        &h.pod_frame(pod, &ip),
         pod.host_ifindex,
         TC_ACT_REDIRECT,
         Counter::FwdSnat,
@@ -559,12 +454,14 @@ fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
             &again.to_be_bytes(),
         ]
         .concat();
-        let reply_ip = Ipv4 {
-            protocol: 6,
-            payload: tcp_with_options(OUTSIDE, NODE_IP, (443, port), 0x10, &echo, b"y"),
-            ..Ipv4::new(OUTSIDE, NODE_IP)
-        };
-        let reply = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &reply_ip.bytes()]);
+        let reply = h.peer_frame(&tcp_with_options(
+            OUTSIDE,
+            NODE_IP,
+            (443, port),
+            0x10,
+            &echo,
+            b"y",
+        ));
         let back = h.expect(
             program_names::FROM_UPLINK,
             &reply,
@@ -582,9 +479,9 @@ fn timestamps_leave_on_the_node_clock_and_return_on_the_pods() {
     });
 }
 
-/// A TCP segment from the outside client to `dst:port`, as it arrives on
+/// A TCP segment from the outside host to `dst:port`, as it arrives on
 /// the uplink.
-fn from_client(
+fn from_outside(
     h: &Harness,
     dst: Ipv4Addr,
     sport: u16,
@@ -592,12 +489,7 @@ fn from_client(
     flags: u8,
     payload: &[u8],
 ) -> Vec<u8> {
-    let ip = Ipv4 {
-        protocol: 6,
-        payload: tcp(OUTSIDE, dst, sport, port, flags, payload),
-        ..Ipv4::new(OUTSIDE, dst)
-    };
-    frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &ip.bytes()])
+    h.peer_frame(&tcp(OUTSIDE, dst, sport, port, flags, payload))
 }
 
 #[test]
@@ -605,7 +497,7 @@ fn hostport_hit_miss_and_reply() {
     with_harness(|h| {
         let a = h.a;
         h.put_hostport(8080, a, 80);
-        let inbound = |dst: Ipv4Addr, port: u16| from_client(h, dst, 50_000, port, 0x02, b"req");
+        let inbound = |dst: Ipv4Addr, port: u16| from_outside(h, dst, 50_000, port, 0x02, b"req");
         // Hit: to the pod, client address kept.
         let out = h.expect(
             program_names::FROM_UPLINK,
@@ -636,14 +528,7 @@ fn hostport_hit_miss_and_reply() {
             Counter::UplinkPass,
         );
         // The pod's answer leaves as the node's hostPort.
-        let answer = h.ip_frame(
-            a,
-            &Ipv4 {
-                protocol: 6,
-                payload: tcp(a.ip, OUTSIDE, 80, 50_000, 0x12, b"resp"),
-                ..Ipv4::new(a.ip, OUTSIDE)
-            },
-        );
+        let answer = h.pod_frame(a, &tcp(a.ip, OUTSIDE, 80, 50_000, 0x12, b"resp"));
         let back = h.expect(
             program_names::FROM_POD,
             &answer,
@@ -660,7 +545,7 @@ fn hostport_hit_miss_and_reply() {
         // The client's path is narrower: fragmentation needed about the
         // answer as it left (node, hostPort) reaches the pod, translated.
         let frag_needed = icmp_error(OUTSIDE, NODE_IP, 4, &back[14..]);
-        let error = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &frag_needed]);
+        let error = h.peer_frame(&frag_needed);
         let got = h.expect(
             program_names::FROM_UPLINK,
             &error,
@@ -682,7 +567,7 @@ fn hostport_hit_miss_and_reply() {
         let unreach = icmp_error(a.ip, OUTSIDE, 3, &out[14..]);
         let sent = h.expect(
             program_names::FROM_POD,
-            &frame(&[&eth(a.host_mac, a.mac, ETH_P_IP), &unreach]),
+            &h.pod_frame(a, &unreach),
             a.host_ifindex,
             TC_ACT_REDIRECT,
             Counter::RevDnat,
@@ -697,19 +582,16 @@ fn hostport_hit_miss_and_reply() {
     });
 }
 
-/// An ICMP destination-unreachable (`code`) from `src` to `dst` quoting the
-/// IPv4 packet `about` (its header and first 8 bytes), checksums right.
+/// An ICMP destination-unreachable (`code`, next-hop MTU 1430) from `src`
+/// to `dst` quoting the IPv4 packet `about` (its header and first 8
+/// bytes), checksums right.
 fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, code: u8, about: &[u8]) -> Vec<u8> {
-    let mut msg = vec![3, code, 0, 0, 0, 0, 0x05, 0x96];
-    msg.extend_from_slice(&about[..28]);
-    let c = checksum(&msg);
-    msg[2..4].copy_from_slice(&c.to_be_bytes());
-    Ipv4 {
-        protocol: 1,
-        payload: msg,
-        ..Ipv4::new(src, dst)
-    }
-    .bytes()
+    ipv4(
+        src,
+        dst,
+        IPPROTO_ICMP,
+        icmp(3, code, [0, 0, 0x05, 0x96], quote(about)),
+    )
 }
 
 /// An ICMP error of `kind` and `code` from `src` to `dst` quoting the IPv4
@@ -720,28 +602,13 @@ fn icmp_about(
     (kind, code): (u8, u8),
     about: &[u8],
 ) -> Vec<u8> {
-    let hlen = usize::from(about[0] & 0x0f) * 4;
-    let mut msg = vec![kind, code, 0, 0, 0, 0, 0, 0];
-    msg.extend_from_slice(&about[..hlen + 8]);
-    let c = checksum(&msg);
-    msg[2..4].copy_from_slice(&c.to_be_bytes());
     Ipv4 {
-        protocol: 1,
+        protocol: IPPROTO_ICMP,
         ttl,
-        payload: msg,
+        payload: icmp(kind, code, [0; 4], quote(about)),
         ..Ipv4::new(src, dst)
     }
     .bytes()
-}
-
-/// `l3` with its TTL set and header checksum recomputed.
-fn with_ttl(l3: &[u8], ttl: u8) -> Vec<u8> {
-    let mut v = l3.to_vec();
-    v[8] = ttl;
-    v[10..12].copy_from_slice(&[0, 0]);
-    let c = checksum(&v[..usize::from(v[0] & 0x0f) * 4]);
-    v[10..12].copy_from_slice(&c.to_be_bytes());
-    v
 }
 
 /// ICMP a pod sends toward the outside other than an echo request: an
@@ -759,9 +626,6 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
     with_harness(|h| {
         h.enable_nat(62_000, 62_099);
         let (a, b) = (h.a, h.b);
-        let from_pod =
-            |pod: PodSide, l3: &[u8]| frame(&[&eth(pod.host_mac, pod.mac, ETH_P_IP), l3]);
-        let at_uplink = |l3: &[u8]| frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), l3]);
 
         // A UDP flow out (53 → 53), and the remote's answer to its NAT
         // port as the pod receives it.
@@ -778,7 +642,7 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
         let answer = answer.bytes();
         let delivered = h.expect(
             program_names::FROM_UPLINK,
-            &at_uplink(&answer),
+            &h.peer_frame(&answer),
             h.uplink.0,
             TC_ACT_REDIRECT,
             Counter::RevSnat,
@@ -794,15 +658,9 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
         );
         let tcp_port = be16(&out[34..36]);
         let syn_ack = tcp(OUTSIDE, NODE_IP, 443, tcp_port, 0x12, b"");
-        let syn_ack = Ipv4 {
-            protocol: 6,
-            payload: syn_ack,
-            ..Ipv4::new(OUTSIDE, NODE_IP)
-        }
-        .bytes();
         let delivered_tcp = h.expect(
             program_names::FROM_UPLINK,
-            &at_uplink(&syn_ack),
+            &h.peer_frame(&syn_ack),
             h.uplink.0,
             TC_ACT_REDIRECT,
             Counter::RevSnat,
@@ -843,7 +701,7 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
             let error = icmp_about((a.ip, OUTSIDE, 64), kind, &about[14..]);
             let sent = h.expect(
                 program_names::FROM_POD,
-                &from_pod(a, &error),
+                &h.pod_frame(a, &error),
                 a.host_ifindex,
                 TC_ACT_REDIRECT,
                 Counter::FwdSnat,
@@ -886,31 +744,16 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
             assert_eq!(checksum(&sent[34..]), 0, "{what}: ICMP checksum");
             // What the node would say about what the remote sent it (the
             // quoted TTL is the one the pod saw: one router hop later).
-            let expected = icmp_about((NODE_IP, OUTSIDE, 63), kind, &with_ttl(remote_sent, 63));
+            let remote_sent = edit_ipv4(remote_sent.to_vec(), |l3| l3[8] = 63);
+            let expected = icmp_about((NODE_IP, OUTSIDE, 63), kind, &remote_sent);
             assert_eq!(&sent[14..], &expected[..], "{what}: byte for byte");
         }
         assert_eq!(nat_entries(h).len(), entries.len(), "errors create no flow");
 
         // An echo request, quoted by an error the pod sends back.
-        let mut ping = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
-        let c = checksum(&ping);
-        ping[2..4].copy_from_slice(&c.to_be_bytes());
-        let ping = Ipv4 {
-            protocol: 1,
-            payload: ping,
-            ..Ipv4::new(OUTSIDE, a.ip)
-        }
-        .bytes();
+        let ping = ipv4(OUTSIDE, a.ip, IPPROTO_ICMP, icmp_query(8, 0x1234, 1, b""));
         // A timestamp request.
-        let mut stamp = vec![13, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        let c = checksum(&stamp);
-        stamp[2..4].copy_from_slice(&c.to_be_bytes());
-        let stamp = Ipv4 {
-            protocol: 1,
-            payload: stamp,
-            ..Ipv4::new(a.ip, OUTSIDE)
-        }
-        .bytes();
+        let stamp = ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, icmp_query(13, 1, 1, &[0; 12]));
         // What b's flow's answer looks like in b (53 → 53).
         let b_answer = Ipv4::new(OUTSIDE, b.ip);
         let unknown = Ipv4 {
@@ -936,7 +779,7 @@ fn icmp_a_pod_sends_about_its_flows_leaves_as_the_node_the_rest_not_at_all() {
             ),
             ("timestamp request", stamp),
         ] {
-            let f = from_pod(a, &l3);
+            let f = h.pod_frame(a, &l3);
             let got = h.expect(
                 program_names::FROM_POD,
                 &f,
@@ -1168,17 +1011,9 @@ fn collector_spares_an_entry_used_again_after_its_decision() {
     with_harness(|h| {
         let a = h.a;
         h.put_hostport(8080, a, 80);
-        let inbound = |sport: u16, flags: u8| from_client(h, NODE_IP, sport, 8080, flags, b"");
-        let answer = |sport: u16, flags: u8| {
-            h.ip_frame(
-                a,
-                &Ipv4 {
-                    protocol: 6,
-                    payload: tcp(a.ip, OUTSIDE, 80, sport, flags, b""),
-                    ..Ipv4::new(a.ip, OUTSIDE)
-                },
-            )
-        };
+        let inbound = |sport: u16, flags: u8| from_outside(h, NODE_IP, sport, 8080, flags, b"");
+        let answer =
+            |sport: u16, flags: u8| h.pod_frame(a, &tcp(a.ip, OUTSIDE, 80, sport, flags, b""));
         // Two connections, each SYN, SYN-ACK, then FIN both ways.
         for sport in [50_000, 50_001] {
             for (from_client, flags) in [(true, 0x02), (false, 0x12), (true, 0x11), (false, 0x11)] {

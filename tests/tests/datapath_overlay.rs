@@ -7,15 +7,14 @@ use std::net::Ipv4Addr;
 
 use rivet_common::{Counter, program_names, route_mode};
 use rivet_tests::{
-    packet::{ETH_P_IP, Ipv4, checksum, eth, frame, ipv4_checksum_ok},
+    packet::{
+        ETH_P_IP, IPPROTO_IPIP, IPPROTO_UDP, Ipv4, be16, checksum, eth, frame, ipv4,
+        ipv4_checksum_ok, truncate_ipv4, udp, vxlan,
+    },
     progtest::*,
 };
 
 const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 9, 2, 5);
-
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
 
 /// The inner packet as it must appear inside the tunnel: TTL − 1, checksum
 /// updated, nothing else changed.
@@ -66,7 +65,7 @@ fn vxlan_encap_is_byte_exact() {
         // Outer Ethernet toward the peer's MAC (permanent neighbour), from the uplink.
         assert_eq!(&out[0..6], &PEER_MAC);
         assert_eq!(&out[6..12], &h.uplink.1);
-        assert_eq!(be16(&out[12..14]), 0x0800);
+        assert_eq!(be16(&out[12..14]), ETH_P_IP);
         check_outer(&out, 14, 17, out.len() - 14, 0);
         // UDP: source port from the flow hash in the ephemeral range, VXLAN
         // port, length, zero checksum.
@@ -81,7 +80,7 @@ fn vxlan_encap_is_byte_exact() {
         // Inner Ethernet: peer VTEP ← our VTEP.
         assert_eq!(&out[50..56], &PEER_VTEP);
         assert_eq!(&out[56..62], &OUR_VTEP);
-        assert_eq!(be16(&out[62..64]), 0x0800);
+        assert_eq!(be16(&out[62..64]), ETH_P_IP);
         // The inner packet, unchanged but for the router hop.
         assert_eq!(&out[64..], &hop(&inner)[..]);
         assert!(ipv4_checksum_ok(&out, 64));
@@ -110,15 +109,13 @@ fn ipip_encap_is_byte_exact() {
         let mut inner = Ipv4::new(a.ip, REMOTE_POD);
         inner.payload = vec![7; 64];
         let pkt = h.ip_frame(a, &inner);
-        let mut with_tos = pkt.clone();
-        with_tos[15] = 0x28; // DSCP AF11
-        let fix = checksum(&{
-            let mut hdr = with_tos[14..34].to_vec();
-            hdr[10] = 0;
-            hdr[11] = 0;
-            hdr
-        });
-        with_tos[24..26].copy_from_slice(&fix.to_be_bytes());
+        let with_tos = h.ip_frame(
+            a,
+            &Ipv4 {
+                tos: 0x28, // DSCP AF11
+                ..inner.clone()
+            },
+        );
         let out = h.expect(
             program_names::FROM_POD,
             &with_tos,
@@ -261,15 +258,8 @@ fn decap_matrix() {
             Counter::DropTunnelMalformed,
         );
         // Truncated inner packet: its total length claims more than carried.
-        let mut trunc = ok.clone();
-        trunc.truncate(ok.len() - 6);
         // (outer lengths made consistent so only the inner one is wrong)
-        let (ol, ul) = ((trunc.len() - 14) as u16, (trunc.len() - 34) as u16);
-        trunc[16..18].copy_from_slice(&ol.to_be_bytes());
-        trunc[38..40].copy_from_slice(&ul.to_be_bytes());
-        trunc[24..26].copy_from_slice(&[0, 0]);
-        let c = checksum(&trunc[14..34]);
-        trunc[24..26].copy_from_slice(&c.to_be_bytes());
+        let trunc = h.peer_frame(&truncate_ipv4(ok[14..].to_vec(), ok.len() - 14 - 6));
         h.expect(
             program_names::FROM_UPLINK,
             &trunc,
@@ -301,14 +291,13 @@ fn decap_matrix() {
             Counter::UplinkPass,
         );
         assert_eq!(out, other_port, "passed untouched");
-        let tcp = frame(&[
-            &eth(h.uplink.1, PEER_MAC, ETH_P_IP),
+        let tcp = h.peer_frame(
             &Ipv4 {
                 protocol: 6,
-                ..Ipv4::new(PEER_IP, Ipv4Addr::new(192, 168, 9, 10))
+                ..Ipv4::new(PEER_IP, NODE_IP)
             }
             .bytes(),
-        ]);
+        );
         h.expect(
             program_names::FROM_UPLINK,
             &tcp,
@@ -338,7 +327,7 @@ fn decap_matrix() {
 
         // Native: a remote pod's packet straight to a local pod.
         h.route_to_peer(route_mode::NATIVE);
-        let native = frame(&[&eth(h.uplink.1, PEER_MAC, ETH_P_IP), &inner.bytes()]);
+        let native = h.peer_frame(&inner.bytes());
         let out = h.expect(
             program_names::FROM_UPLINK,
             &native,
@@ -359,22 +348,9 @@ fn pods_cannot_send_tunnel_packets_to_nodes() {
         let a = h.a;
         let victim = Ipv4::new(REMOTE_POD, h.b.ip);
         for node in [Ipv4Addr::new(192, 168, 9, 10), PEER_IP] {
-            let mut udp = Vec::new();
-            udp.extend_from_slice(&40000u16.to_be_bytes());
-            udp.extend_from_slice(&VXLAN_PORT.to_be_bytes());
-            udp.extend_from_slice(&((8 + 8 + 14 + 20 + 12) as u16).to_be_bytes());
-            udp.extend_from_slice(&[0, 0]);
-            udp.extend_from_slice(&[0x08, 0, 0, 0, 0, 0, 1, 0]);
-            udp.extend_from_slice(&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP));
-            udp.extend_from_slice(&victim.bytes());
-            let smuggled = h.ip_frame(
-                a,
-                &Ipv4 {
-                    protocol: 17,
-                    payload: udp,
-                    ..Ipv4::new(a.ip, node)
-                },
-            );
+            let inner = frame(&[&eth(OUR_VTEP, PEER_VTEP, ETH_P_IP), &victim.bytes()]);
+            let vx = udp(40000, VXLAN_PORT, &vxlan(VNI, &inner));
+            let smuggled = h.pod_frame(a, &ipv4(a.ip, node, IPPROTO_UDP, vx));
             h.expect(
                 program_names::FROM_POD,
                 &smuggled,
@@ -382,14 +358,7 @@ fn pods_cannot_send_tunnel_packets_to_nodes() {
                 TC_ACT_SHOT,
                 Counter::DropTunnelFromPod,
             );
-            let ipip = h.ip_frame(
-                a,
-                &Ipv4 {
-                    protocol: 4,
-                    payload: victim.bytes(),
-                    ..Ipv4::new(a.ip, node)
-                },
-            );
+            let ipip = h.pod_frame(a, &ipv4(a.ip, node, IPPROTO_IPIP, victim.bytes()));
             h.expect(
                 program_names::FROM_POD,
                 &ipip,
@@ -439,11 +408,7 @@ fn too_big_with_df_gets_fragmentation_needed() {
         assert_eq!(checksum(&out[34..]), 0, "ICMP checksum");
         assert_eq!(&out[42..62], &pkt[14..34], "quotes the offending header");
         // Without DF the stack fragments it: passed.
-        let mut nodf = pkt.clone();
-        nodf[20] = 0;
-        nodf[24..26].copy_from_slice(&[0, 0]);
-        let c = checksum(&nodf[14..34]);
-        nodf[24..26].copy_from_slice(&c.to_be_bytes());
+        let nodf = h.ip_frame(a, &Ipv4 { frag: 0, ..big });
         h.expect(
             program_names::FROM_POD,
             &nodf,
