@@ -24,7 +24,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::netns::Netns;
+use crate::{
+    netns::Netns,
+    packet::{ETH_P_IP, be16},
+};
 
 /// Bytes kept of each frame.
 pub const SNAP: usize = 192;
@@ -70,12 +73,12 @@ impl Frame {
     /// The frame's IPv4 header (and ICMP or ports), if it is IPv4.
     pub fn ipv4(&self) -> Option<Ipv4Info> {
         let b = &self.bytes;
-        if b.len() < 34 || b[12..14] != [0x08, 0x00] || b[14] >> 4 != 4 {
+        if b.len() < 34 || be16(&b[12..14]) != ETH_P_IP || b[14] >> 4 != 4 {
             return None;
         }
         let hlen = usize::from(b[14] & 0x0f) * 4;
         let l4 = 14 + hlen;
-        let first = u16::from_be_bytes([b[20], b[21]]) & 0x1fff == 0;
+        let first = be16(&b[20..22]) & 0x1fff == 0;
         let mut info = Ipv4Info {
             src: addr(&b[26..30]),
             dst: addr(&b[30..34]),
@@ -86,10 +89,7 @@ impl Frame {
         };
         match info.proto {
             6 | 17 if first && b.len() >= l4 + 4 => {
-                info.ports = (
-                    u16::from_be_bytes([b[l4], b[l4 + 1]]),
-                    u16::from_be_bytes([b[l4 + 2], b[l4 + 3]]),
-                );
+                info.ports = (be16(&b[l4..]), be16(&b[l4 + 2..]));
             }
             1 if first && b.len() >= l4 + 2 => {
                 info.icmp = Some((b[l4], b[l4 + 1]));

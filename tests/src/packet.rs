@@ -279,6 +279,12 @@ pub fn set_total_len(l3: &mut [u8], len: usize) {
     l3[2..4].copy_from_slice(&(len as u16).to_be_bytes());
 }
 
+/// Sets the IPv4 flags and fragment offset of `l3` to a fragment's
+/// ([`frag_field`]; the checksum is left as it was).
+pub fn set_frag(l3: &mut [u8], more: bool, offset: u16) {
+    l3[6..8].copy_from_slice(&frag_field(more, offset).to_be_bytes());
+}
+
 /// The IPv4 packet `l3` (20-byte header) cut to `len` bytes, its total
 /// length and, for UDP, the UDP length made to match, header checksum
 /// recomputed.

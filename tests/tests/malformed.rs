@@ -26,8 +26,7 @@
 //! with total-length and IHL lies.
 
 use std::{
-    net::Ipv4Addr,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -37,8 +36,13 @@ use aya::{
 };
 use rivet_common::{Counter, NodeConfig, program_names, route_mode};
 use rivet_tests::{
-    packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Ipv4, arp, checksum, eth, frame, ipv4_checksum_ok},
+    packet::{
+        ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Ipv4, Tcp, arp,
+        be16, checksum, edit_ipv4, eth, frame, icmp, icmp_query, ipv4, ipv4_checksum_ok, ipv6,
+        quote, set_frag, set_total_len, truncate_ipv4,
+    },
     progtest::*,
+    raw::RawSocket,
 };
 
 const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 9, 2, 5);
@@ -56,6 +60,8 @@ const HOST_DST: [u8; 6] = [0x0e, 0x72, 0, 0, 0, 2];
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 const ETH_P_LLDP: u16 = 0x88cc;
+/// An IPv6 address of all-ones bytes (0101:…:0101).
+const ONES: Ipv6Addr = Ipv6Addr::new(0x101, 0x101, 0x101, 0x101, 0x101, 0x101, 0x101, 0x101);
 
 /// What a program must do with a row's frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,71 +123,6 @@ fn ip4(body: Vec<u8>) -> Frame {
     Frame::Eth(ETH_P_IP, body)
 }
 
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-/// Recomputes the IPv4 header checksum at the start of `l3` (over the
-/// header the IHL claims, as far as the bytes go): every lie of a row is
-/// then its only defect.
-fn refresh(l3: &mut [u8]) {
-    let n = (usize::from(l3[0] & 0x0f) * 4).clamp(20, l3.len());
-    l3[10..12].copy_from_slice(&[0, 0]);
-    let c = checksum(&l3[..n]);
-    l3[10..12].copy_from_slice(&c.to_be_bytes());
-}
-
-/// `l3` changed by `f`, checksum refreshed.
-fn with(mut l3: Vec<u8>, f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    f(&mut l3);
-    refresh(&mut l3);
-    l3
-}
-
-fn set_tot_len(l3: &mut [u8], len: usize) {
-    l3[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-}
-
-/// Flags and offset: MF and `offset` bytes (a multiple of 8), DF clear.
-fn set_frag(l3: &mut [u8], more: bool, offset: usize) {
-    let v = (u16::from(more) << 13) | (offset / 8) as u16;
-    l3[6..8].copy_from_slice(&v.to_be_bytes());
-}
-
-fn ip(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, payload: Vec<u8>) -> Vec<u8> {
-    Ipv4 {
-        protocol,
-        payload,
-        ..Ipv4::new(src, dst)
-    }
-    .bytes()
-}
-
-fn udp(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    Ipv4::new(src, dst).bytes()
-}
-
-/// A 20-byte TCP header (data offset `doff` words), checksum left zero
-/// (rivet only ever updates it incrementally).
-fn tcp_hdr(sport: u16, dport: u16, flags: u8, doff: u8) -> Vec<u8> {
-    let mut t = vec![0u8; 20];
-    t[0..2].copy_from_slice(&sport.to_be_bytes());
-    t[2..4].copy_from_slice(&dport.to_be_bytes());
-    t[4..8].copy_from_slice(&1u32.to_be_bytes());
-    t[12] = doff << 4;
-    t[13] = flags;
-    t[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-    t
-}
-
-fn echo_request(id: u16) -> Vec<u8> {
-    let mut m = vec![8, 0, 0, 0, 0, 0, 0, 1, b'p', b'i', b'n', b'g'];
-    m[4..6].copy_from_slice(&id.to_be_bytes());
-    let c = checksum(&m);
-    m[2..4].copy_from_slice(&c.to_be_bytes());
-    m
-}
-
 /// `l3` followed by zeros up to a 60-byte frame (Ethernet padding).
 fn padded(mut l3: Vec<u8>) -> Vec<u8> {
     l3.resize(46, 0);
@@ -196,18 +137,6 @@ fn arp_body(op: u16, spa: Ipv4Addr, tpa: Ipv4Addr, a: PodSide) -> Vec<u8> {
 /// consistent with what is carried.
 fn vxlan(h: &Harness, src: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
     h.vxlan_frame(src, VNI, VXLAN_PORT, inner)[14..].to_vec()
-}
-
-/// `l3` (outer IPv4 + UDP …) cut to `len` bytes, outer IPv4 and UDP
-/// lengths made to match.
-fn cut_outer(mut l3: Vec<u8>, len: usize) -> Vec<u8> {
-    l3.truncate(len);
-    set_tot_len(&mut l3, len);
-    if len >= 26 && l3[9] == 17 {
-        l3[24..26].copy_from_slice(&((len - 20) as u16).to_be_bytes());
-    }
-    refresh(&mut l3);
-    l3
 }
 
 fn ipip(h: &Harness, inner: &[u8]) -> Vec<u8> {
@@ -228,18 +157,26 @@ fn options_kept_through_nat(input: &[u8], out: &[u8]) {
 
 /// A pod's ICMP port unreachable to `dst` quoting `about` as given.
 fn unreachable(src: Ipv4Addr, dst: Ipv4Addr, about: &[u8]) -> Vec<u8> {
-    let mut m = vec![3, 3, 0, 0, 0, 0, 0, 0];
-    m.extend_from_slice(about);
-    let c = checksum(&m);
-    m[2..4].copy_from_slice(&c.to_be_bytes());
-    ip(src, dst, 1, m)
+    ipv4(src, dst, IPPROTO_ICMP, icmp(3, 3, [0; 4], about))
+}
+
+/// A TCP header (no options), checksum left zero (rivet only ever updates
+/// it incrementally).
+fn tcp_hdr(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    Tcp::new(sport, dport, flags).bytes()
 }
 
 /// What reached pod A as the server's SYN-ACK on the masqueraded flow of
 /// the "TCP SYN to the outside" row (443 → 40001), as an ICMP error quotes
 /// it: the IPv4 header and 8 bytes.
 fn synack_to_a(a: PodSide) -> Vec<u8> {
-    ip(OUTSIDE, a.ip, 6, tcp_hdr(443, 40_001, 0x12, 5))[..28].to_vec()
+    quote(&ipv4(
+        OUTSIDE,
+        a.ip,
+        IPPROTO_TCP,
+        tcp_hdr(443, 40_001, 0x12),
+    ))
+    .to_vec()
 }
 
 /// An error about a masqueraded flow leaves as the node: outer source,
@@ -272,8 +209,10 @@ fn error_leaves_as_the_node(input: &[u8], out: &[u8]) {
 fn table(h: &Harness) -> Vec<Row> {
     use Counter::*;
     let (a, b) = (h.a, h.b);
+    let udp = |src, dst| Ipv4::new(src, dst).bytes();
     let good = udp(a.ip, REMOTE_POD);
     let inner = udp(REMOTE_POD, b.ip);
+    let echo = |kind| icmp_query(kind, 7, 1, b"ping");
     let arp_req = arp_body(1, a.ip, GATEWAY, a);
     let to_remote_pod = [
         redirect(FwdEncapVxlan),
@@ -322,7 +261,7 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "34-byte IPv4 frame: UDP header missing",
-            ip4(with(good[..20].to_vec(), |l3| set_tot_len(l3, 20))),
+            ip4(edit_ipv4(good[..20].to_vec(), |l3| set_total_len(l3, 20))),
             [drop(DropTruncated), pass(UplinkPass), drop(DropTruncated)],
         ),
         // --- other ethertypes --------------------------------------------
@@ -343,11 +282,7 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "IPv6",
-            Frame::Eth(ETH_P_IPV6, {
-                let mut v6 = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
-                v6.resize(48, 1);
-                v6
-            }),
+            Frame::Eth(ETH_P_IPV6, ipv6(ONES, ONES, IPPROTO_UDP, 64, &[1; 8])),
             pod_drop(DropUnsupportedL3),
         ),
         row(
@@ -435,50 +370,52 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "version 6 in an IPv4 frame",
-            ip4(with(good.clone(), |l3| l3[0] = 0x65)),
+            ip4(edit_ipv4(good.clone(), |l3| l3[0] = 0x65)),
             bad_header,
         ),
         row(
             "IHL 0",
-            ip4(with(good.clone(), |l3| l3[0] = 0x40)),
+            ip4(edit_ipv4(good.clone(), |l3| l3[0] = 0x40)),
             bad_header,
         ),
         row(
             "IHL 4",
-            ip4(with(good.clone(), |l3| l3[0] = 0x44)),
+            ip4(edit_ipv4(good.clone(), |l3| l3[0] = 0x44)),
             bad_header,
         ),
         row(
             "IHL 15: header beyond the packet",
-            ip4(with(good.clone(), |l3| l3[0] = 0x4f)),
+            ip4(edit_ipv4(good.clone(), |l3| l3[0] = 0x4f)),
             bad_header,
         ),
         row(
             "IHL 6 in a 20-byte datagram",
-            ip4(with(good[..20].to_vec(), |l3| {
+            ip4(edit_ipv4(good[..20].to_vec(), |l3| {
                 l3[0] = 0x46;
-                set_tot_len(l3, 20);
+                set_total_len(l3, 20);
             })),
             bad_header,
         ),
         row(
             "total length beyond the frame",
-            ip4(with(good.clone(), |l3| set_tot_len(l3, 1500))),
+            ip4(edit_ipv4(good.clone(), |l3| set_total_len(l3, 1500))),
             bad_header,
         ),
         row(
             "total length 1 byte beyond the frame",
-            ip4(with(good.clone(), |l3| set_tot_len(l3, good.len() + 1))),
+            ip4(edit_ipv4(good.clone(), |l3| {
+                set_total_len(l3, good.len() + 1)
+            })),
             bad_header,
         ),
         row(
             "total length smaller than the header",
-            ip4(with(good.clone(), |l3| set_tot_len(l3, 12))),
+            ip4(edit_ipv4(good.clone(), |l3| set_total_len(l3, 12))),
             bad_header,
         ),
         row(
             "total length 0",
-            ip4(with(good.clone(), |l3| set_tot_len(l3, 0))),
+            ip4(edit_ipv4(good.clone(), |l3| set_total_len(l3, 0))),
             bad_header,
         ),
         row(
@@ -529,42 +466,46 @@ fn table(h: &Harness) -> Vec<Row> {
         // --- transport headers ---------------------------------------------
         row(
             "TCP header cut (10 of 20 bytes) to a local pod",
-            ip4(ip(
+            ip4(ipv4(
                 a.ip,
                 b.ip,
-                6,
-                tcp_hdr(40_000, 80, 0x02, 5)[..10].to_vec(),
+                IPPROTO_TCP,
+                tcp_hdr(40_000, 80, 0x02)[..10].to_vec(),
             )),
             pod_drop(DropTruncated),
         ),
         row(
             "TCP options cut (data offset 15, 20 bytes carried) to a remote pod",
-            ip4(ip(a.ip, REMOTE_POD, 6, tcp_hdr(40_000, 80, 0x02, 15))),
+            ip4(ipv4(a.ip, REMOTE_POD, IPPROTO_TCP, {
+                let mut t = tcp_hdr(40_000, 80, 0x02);
+                t[12] = 15 << 4;
+                t
+            })),
             [drop(DropTruncated), pass(UplinkPass), drop(DropTruncated)],
         ),
         row(
             "TCP SYN to the outside (NAT, baseline)",
-            ip4(ip(a.ip, OUTSIDE, 6, tcp_hdr(40_001, 443, 0x02, 5))),
+            ip4(ipv4(a.ip, OUTSIDE, IPPROTO_TCP, tcp_hdr(40_001, 443, 0x02))),
             [redirect(FwdSnat), pass(UplinkPass), pass(HostPass)],
         ),
         row(
             "UDP header cut (4 of 8 bytes) to the outside (NAT)",
-            ip4(ip(a.ip, OUTSIDE, 17, vec![0, 53, 0, 53])),
+            ip4(ipv4(a.ip, OUTSIDE, IPPROTO_UDP, vec![0, 53, 0, 53])),
             pod_drop(DropTruncated),
         ),
         row(
             "UDP header cut, Ethernet padding where the header would be (NAT)",
-            ip4(padded(ip(a.ip, OUTSIDE, 17, vec![0, 54, 0, 53]))),
+            ip4(padded(ipv4(a.ip, OUTSIDE, IPPROTO_UDP, vec![0, 54, 0, 53]))),
             pod_drop(DropTruncated),
         ),
         row(
             "ICMP echo request cut (4 of 8 bytes) to the outside (NAT)",
-            ip4(ip(a.ip, OUTSIDE, 1, echo_request(7)[..4].to_vec())),
+            ip4(ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, echo(8)[..4].to_vec())),
             pod_drop(DropTruncated),
         ),
         row(
             "ICMP echo request to the outside (NAT, baseline)",
-            ip4(ip(a.ip, OUTSIDE, 1, echo_request(7))),
+            ip4(ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, echo(8))),
             [redirect(FwdSnat), pass(UplinkPass), pass(HostPass)],
         ),
         Row {
@@ -580,7 +521,12 @@ fn table(h: &Harness) -> Vec<Row> {
             ip4(unreachable(
                 a.ip,
                 OUTSIDE,
-                &ip(OUTSIDE, a.ip, 6, tcp_hdr(443, 40_999, 0x12, 5))[..28],
+                quote(&ipv4(
+                    OUTSIDE,
+                    a.ip,
+                    IPPROTO_TCP,
+                    tcp_hdr(443, 40_999, 0x12),
+                )),
             )),
             pod_drop(DropNatIcmpUnknown),
         ),
@@ -605,37 +551,35 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "ICMP echo reply to the outside (NAT)",
-            ip4(ip(a.ip, OUTSIDE, 1, {
-                let mut m = echo_request(7);
-                m[0] = 0;
-                m[2..4].copy_from_slice(&[0, 0]);
-                let c = checksum(&m);
-                m[2..4].copy_from_slice(&c.to_be_bytes());
-                m
-            })),
+            ip4(ipv4(a.ip, OUTSIDE, IPPROTO_ICMP, echo(0))),
             pod_drop(DropNatIcmpUnknown),
         ),
         row(
             "TCP SYN to a hostPort (baseline)",
-            ip4(ip(a.ip, NODE_IP, 6, tcp_hdr(40_002, HOST_PORT, 0x02, 5))),
+            ip4(ipv4(
+                a.ip,
+                NODE_IP,
+                IPPROTO_TCP,
+                tcp_hdr(40_002, HOST_PORT, 0x02),
+            )),
             [redirect(FwdDnat), redirect(FwdDnat), pass(HostPass)],
         ),
         row(
             "TCP to a hostPort, header cut to the ports, padding after",
-            ip4(padded(ip(
+            ip4(padded(ipv4(
                 a.ip,
                 NODE_IP,
-                6,
-                tcp_hdr(40_003, HOST_PORT, 0x02, 5)[..4].to_vec(),
+                IPPROTO_TCP,
+                tcp_hdr(40_003, HOST_PORT, 0x02)[..4].to_vec(),
             ))),
             pod_drop(DropTruncated),
         ),
         row(
             "UDP to the node's NAT range, header cut to the ports, padding after",
-            ip4(padded(ip(
+            ip4(padded(ipv4(
                 a.ip,
                 NODE_IP,
-                17,
+                IPPROTO_UDP,
                 [&53u16.to_be_bytes()[..], &NAT_MIN.to_be_bytes()].concat(),
             ))),
             pod_drop(DropTruncated),
@@ -648,17 +592,19 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "remote pod to a local pod, native, IHL 4",
-            ip4(with(udp(REMOTE_POD, b.ip), |l3| l3[0] = 0x44)),
+            ip4(edit_ipv4(udp(REMOTE_POD, b.ip), |l3| l3[0] = 0x44)),
             [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
         ),
         row(
             "remote pod to a local pod, native, total length beyond the frame",
-            ip4(with(udp(REMOTE_POD, b.ip), |l3| set_tot_len(l3, 200))),
+            ip4(edit_ipv4(udp(REMOTE_POD, b.ip), |l3| {
+                set_total_len(l3, 200)
+            })),
             [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
         ),
         row(
             "remote pod to a local pod, native, UDP header cut",
-            ip4(ip(REMOTE_POD, b.ip, 17, vec![0, 53, 0, 53])),
+            ip4(ipv4(REMOTE_POD, b.ip, IPPROTO_UDP, vec![0, 53, 0, 53])),
             [drop(DropTruncated), drop(DropTruncated), pass(HostPass)],
         ),
         row(
@@ -668,57 +614,69 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "remote pod to the node, native, total length 0",
-            ip4(with(udp(REMOTE_POD, NODE_IP), |l3| set_tot_len(l3, 0))),
+            ip4(edit_ipv4(udp(REMOTE_POD, NODE_IP), |l3| {
+                set_total_len(l3, 0)
+            })),
             [drop(DropBadIpHeader), drop(DropBadIpHeader), pass(HostPass)],
         ),
         // --- fragments -------------------------------------------------------
         row(
             "first fragment to the outside (NAT)",
-            ip4(with(udp(a.ip, OUTSIDE), |l3| set_frag(l3, true, 0))),
+            ip4(edit_ipv4(udp(a.ip, OUTSIDE), |l3| set_frag(l3, true, 0))),
             pod_drop(DropNatUnsupported),
         ),
         row(
             "middle fragment to the outside (NAT)",
-            ip4(with(udp(a.ip, OUTSIDE), |l3| set_frag(l3, true, 1480))),
+            ip4(edit_ipv4(udp(a.ip, OUTSIDE), |l3| set_frag(l3, true, 1480))),
             pod_drop(DropNatUnsupported),
         ),
         row(
             "last fragment to the outside (NAT)",
-            ip4(with(udp(a.ip, OUTSIDE), |l3| set_frag(l3, false, 1480))),
+            ip4(edit_ipv4(udp(a.ip, OUTSIDE), |l3| {
+                set_frag(l3, false, 1480)
+            })),
             pod_drop(DropNatUnsupported),
         ),
         row(
             "first fragment to a local pod",
-            ip4(with(udp(a.ip, b.ip), |l3| set_frag(l3, true, 0))),
+            ip4(edit_ipv4(udp(a.ip, b.ip), |l3| set_frag(l3, true, 0))),
             [redirect(FwdLocal), pass(UplinkPass), pass(HostPass)],
         ),
         row(
             "middle TCP fragment (8 bytes, no TCP header) to a remote pod",
-            ip4(with(ip(a.ip, REMOTE_POD, 6, vec![0x55; 8]), |l3| {
-                set_frag(l3, true, 1480);
-            })),
+            ip4(edit_ipv4(
+                ipv4(a.ip, REMOTE_POD, IPPROTO_TCP, vec![0x55; 8]),
+                |l3| {
+                    set_frag(l3, true, 1480);
+                },
+            )),
             to_remote_pod,
         ),
         row(
             "last fragment to a local pod",
-            ip4(with(udp(a.ip, b.ip), |l3| set_frag(l3, false, 8))),
+            ip4(edit_ipv4(udp(a.ip, b.ip), |l3| set_frag(l3, false, 8))),
             [redirect(FwdLocal), pass(UplinkPass), pass(HostPass)],
         ),
         row(
             "first fragment with a cut TCP header (tiny fragment)",
-            ip4(with(
-                ip(a.ip, b.ip, 6, tcp_hdr(40_004, 80, 0x02, 5)[..8].to_vec()),
+            ip4(edit_ipv4(
+                ipv4(
+                    a.ip,
+                    b.ip,
+                    IPPROTO_TCP,
+                    tcp_hdr(40_004, 80, 0x02)[..8].to_vec(),
+                ),
                 |l3| set_frag(l3, true, 0),
             )),
             pod_drop(DropTruncated),
         ),
         row(
             "last UDP fragment to the node, payload bytes like the VXLAN port",
-            ip4(with(
-                ip(
+            ip4(edit_ipv4(
+                ipv4(
                     a.ip,
                     NODE_IP,
-                    17,
+                    IPPROTO_UDP,
                     [&[0x12, 0x34][..], &VXLAN_PORT.to_be_bytes(), &[0; 12]].concat(),
                 ),
                 |l3| set_frag(l3, false, 8),
@@ -727,11 +685,11 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "last fragment from the peer to the node, payload like the VXLAN port",
-            ip4(with(
-                ip(
+            ip4(edit_ipv4(
+                ipv4(
                     PEER_IP,
                     NODE_IP,
-                    17,
+                    IPPROTO_UDP,
                     [&[0x12, 0x34][..], &VXLAN_PORT.to_be_bytes(), &[0; 12]].concat(),
                 ),
                 |l3| set_frag(l3, false, 8),
@@ -740,23 +698,25 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN first fragment from the peer",
-            ip4(with(vxlan(h, PEER_IP, &inner), |l3| set_frag(l3, true, 0))),
+            ip4(edit_ipv4(vxlan(h, PEER_IP, &inner), |l3| {
+                set_frag(l3, true, 0)
+            })),
             vxlan_malformed,
         ),
         row(
             "IPIP middle fragment from the peer",
-            ip4(with(ipip(h, &inner), |l3| set_frag(l3, true, 1480))),
+            ip4(edit_ipv4(ipip(h, &inner), |l3| set_frag(l3, true, 1480))),
             vxlan_malformed,
         ),
         // --- other IP protocols ------------------------------------------
         row(
             "GRE to the node",
-            ip4(ip(a.ip, NODE_IP, 47, vec![0, 0, 0x08, 0, 0x45, 0, 0, 20])),
+            ip4(ipv4(a.ip, NODE_IP, 47, vec![0, 0, 0x08, 0, 0x45, 0, 0, 20])),
             pod_pass(PassHost),
         ),
         row(
             "ESP to the node",
-            ip4(ip(
+            ip4(ipv4(
                 a.ip,
                 NODE_IP,
                 50,
@@ -766,17 +726,17 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "GRE to the outside (NAT)",
-            ip4(ip(a.ip, OUTSIDE, 47, vec![0, 0, 0x08, 0, 0x45, 0, 0, 20])),
+            ip4(ipv4(a.ip, OUTSIDE, 47, vec![0, 0, 0x08, 0, 0x45, 0, 0, 20])),
             pod_drop(DropNatUnsupported),
         ),
         row(
             "ESP to a remote pod",
-            ip4(ip(a.ip, REMOTE_POD, 50, vec![0, 0, 1, 0, 0, 0, 0, 1])),
+            ip4(ipv4(a.ip, REMOTE_POD, 50, vec![0, 0, 1, 0, 0, 0, 0, 1])),
             to_remote_pod,
         ),
         row(
             "GRE from the peer to the node (the node's own tunnel)",
-            ip4(ip(
+            ip4(ipv4(
                 PEER_IP,
                 NODE_IP,
                 47,
@@ -786,7 +746,7 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "ESP from the peer to the node (the node's own IPsec)",
-            ip4(ip(PEER_IP, NODE_IP, 50, vec![0, 0, 1, 0, 0, 0, 0, 1])),
+            ip4(ipv4(PEER_IP, NODE_IP, 50, vec![0, 0, 1, 0, 0, 0, 0, 1])),
             tunnel(pass(UplinkPass)),
         ),
         // --- tunnels ---------------------------------------------------------
@@ -800,7 +760,7 @@ fn table(h: &Harness) -> Vec<Row> {
             ip4(vxlan(
                 h,
                 PEER_IP,
-                &with(inner.clone(), |l3| set_tot_len(l3, inner.len() + 6)),
+                &edit_ipv4(inner.clone(), |l3| set_total_len(l3, inner.len() + 6)),
             )),
             vxlan_malformed,
         ),
@@ -811,7 +771,11 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, inner IHL 4",
-            ip4(vxlan(h, PEER_IP, &with(inner.clone(), |l3| l3[0] = 0x44))),
+            ip4(vxlan(
+                h,
+                PEER_IP,
+                &edit_ipv4(inner.clone(), |l3| l3[0] = 0x44),
+            )),
             vxlan_malformed,
         ),
         row(
@@ -821,17 +785,17 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, inner Ethernet cut",
-            ip4(cut_outer(vxlan(h, PEER_IP, &inner), 20 + 8 + 8 + 6)),
+            ip4(truncate_ipv4(vxlan(h, PEER_IP, &inner), 20 + 8 + 8 + 6)),
             vxlan_malformed,
         ),
         row(
             "VXLAN header cut (4 of 8 bytes)",
-            ip4(cut_outer(vxlan(h, PEER_IP, &inner), 20 + 8 + 4)),
+            ip4(truncate_ipv4(vxlan(h, PEER_IP, &inner), 20 + 8 + 4)),
             vxlan_malformed,
         ),
         row(
             "UDP header cut (4 bytes) to the VXLAN port",
-            ip4(cut_outer(vxlan(h, PEER_IP, &inner), 20 + 4)),
+            ip4(truncate_ipv4(vxlan(h, PEER_IP, &inner), 20 + 4)),
             [
                 drop(DropTruncated),
                 drop(DropTunnelMalformed),
@@ -840,7 +804,7 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, inner ARP",
-            ip4(with(
+            ip4(edit_ipv4(
                 vxlan(h, PEER_IP, &arp_body(1, REMOTE_POD, b.ip, a)),
                 |l3| l3[48..50].copy_from_slice(&ETH_P_ARP.to_be_bytes()),
             )),
@@ -848,9 +812,9 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, outer total length beyond the frame",
-            ip4(with(vxlan(h, PEER_IP, &inner), |l3| {
+            ip4(edit_ipv4(vxlan(h, PEER_IP, &inner), |l3| {
                 let n = l3.len();
-                set_tot_len(l3, n + 20);
+                set_total_len(l3, n + 20);
             })),
             [
                 drop(DropBadIpHeader),
@@ -860,16 +824,16 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, outer datagram ends inside the inner packet",
-            ip4(with(vxlan(h, PEER_IP, &inner), |l3| {
+            ip4(edit_ipv4(vxlan(h, PEER_IP, &inner), |l3| {
                 let n = l3.len() - 6;
-                set_tot_len(l3, n);
+                set_total_len(l3, n);
                 l3[24..26].copy_from_slice(&((n - 20) as u16).to_be_bytes());
             })),
             vxlan_malformed,
         ),
         row(
             "VXLAN, UDP length beyond the datagram",
-            ip4(with(vxlan(h, PEER_IP, &inner), |l3| {
+            ip4(edit_ipv4(vxlan(h, PEER_IP, &inner), |l3| {
                 let n = l3.len() - 20 + 6;
                 l3[24..26].copy_from_slice(&(n as u16).to_be_bytes());
             })),
@@ -877,7 +841,7 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "VXLAN, UDP length shorter than VXLAN + inner headers",
-            ip4(with(vxlan(h, PEER_IP, &inner), |l3| {
+            ip4(edit_ipv4(vxlan(h, PEER_IP, &inner), |l3| {
                 l3[24..26].copy_from_slice(&16u16.to_be_bytes());
             })),
             vxlan_malformed,
@@ -910,7 +874,7 @@ fn table(h: &Harness) -> Vec<Row> {
             "IPIP, inner total length beyond the packet",
             ip4(ipip(
                 h,
-                &with(inner.clone(), |l3| set_tot_len(l3, inner.len() + 6)),
+                &edit_ipv4(inner.clone(), |l3| set_total_len(l3, inner.len() + 6)),
             )),
             vxlan_malformed,
         ),
@@ -926,9 +890,9 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "IPIP, outer total length beyond the frame",
-            ip4(with(ipip(h, &inner), |l3| {
+            ip4(edit_ipv4(ipip(h, &inner), |l3| {
                 let n = l3.len();
-                set_tot_len(l3, n + 4);
+                set_total_len(l3, n + 4);
             })),
             [
                 drop(DropBadIpHeader),
@@ -938,9 +902,9 @@ fn table(h: &Harness) -> Vec<Row> {
         ),
         row(
             "IPIP, outer datagram ends inside the inner packet",
-            ip4(with(ipip(h, &inner), |l3| {
+            ip4(edit_ipv4(ipip(h, &inner), |l3| {
                 let n = l3.len() - 6;
-                set_tot_len(l3, n);
+                set_total_len(l3, n);
             })),
             vxlan_malformed,
         ),
@@ -949,7 +913,7 @@ fn table(h: &Harness) -> Vec<Row> {
             ip4(vxlan(
                 h,
                 PEER_IP,
-                &ip(REMOTE_POD, b.ip, 17, vec![0, 53, 0, 53]),
+                &ipv4(REMOTE_POD, b.ip, IPPROTO_UDP, vec![0, 53, 0, 53]),
             )),
             vxlan_malformed,
         ),
@@ -957,18 +921,18 @@ fn table(h: &Harness) -> Vec<Row> {
             "IPIP, inner TCP header cut (10 bytes)",
             ip4(ipip(
                 h,
-                &ip(
+                &ipv4(
                     REMOTE_POD,
                     b.ip,
-                    6,
-                    tcp_hdr(40_005, 80, 0x02, 5)[..10].to_vec(),
+                    IPPROTO_TCP,
+                    tcp_hdr(40_005, 80, 0x02)[..10].to_vec(),
                 ),
             )),
             vxlan_malformed,
         ),
         row(
             "IPIP, outer IHL 4",
-            ip4(with(ipip(h, &inner), |l3| l3[0] = 0x44)),
+            ip4(edit_ipv4(ipip(h, &inner), |l3| l3[0] = 0x44)),
             [
                 drop(DropBadIpHeader),
                 drop(DropTunnelMalformed),
@@ -1146,51 +1110,11 @@ fn markdown(rows: &[Row]) -> String {
 
 // --- the same edge cases over a real veth ------------------------------------
 
-/// An `AF_PACKET` socket bound to `ifname` (created in the calling
-/// thread's namespace: the harness' own).
-fn packet_socket(ifname: &str) -> (OwnedFd, i32) {
-    let ifindex = i32::try_from(if_index(ifname)).expect("ifindex");
-    // SAFETY: plain syscall; the result is checked before use.
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    assert!(
-        raw >= 0,
-        "AF_PACKET socket: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-    (unsafe { OwnedFd::from_raw_fd(raw) }, ifindex)
-}
-
-fn send_raw(sock: &(OwnedFd, i32), data: &[u8]) {
-    // SAFETY: an all-zero sockaddr_ll is valid; the fields used are set below.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_ifindex = sock.1;
-    sll.sll_halen = 6;
-    sll.sll_addr[..6].copy_from_slice(&data[..6]);
-    // SAFETY: `data` and `sll` are valid for the sizes given.
-    let n = unsafe {
-        libc::sendto(
-            sock.0.as_raw_fd(),
-            data.as_ptr().cast(),
-            data.len(),
-            0,
-            (&raw const sll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    assert_eq!(
-        usize::try_from(n).ok(),
-        Some(data.len()),
-        "sendto: {}",
-        std::io::Error::last_os_error()
-    );
-}
-
 /// Sends `data` on `sock` and waits for exactly `counter` to move by one.
-fn expect_counted(h: &Harness, sock: &(OwnedFd, i32), data: &[u8], counter: Counter, what: &str) {
+fn expect_counted(h: &Harness, sock: &RawSocket, data: &[u8], counter: Counter, what: &str) {
     let before = h.counters();
-    send_raw(sock, data);
+    sock.send(data)
+        .unwrap_or_else(|e| panic!("{what}: sending: {e}"));
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let after = h.counters();
@@ -1245,7 +1169,8 @@ fn short_and_vlan_frames_over_a_real_veth() {
         attach(h, program_names::FROM_POD, "hA");
         attach(h, program_names::FROM_UPLINK, "up0");
         let (a, b) = (h.a, h.b);
-        let pod = packet_socket("pA");
+        // (sockets of the harness' own namespace: the calling thread's)
+        let pod = RawSocket::open_here("pA").expect("AF_PACKET socket on pA");
         let good = h.ip_frame(a, &Ipv4::new(a.ip, b.ip));
         expect_counted(h, &pod, &good, Counter::FwdLocal, "untagged pod frame");
         for len in [14, 20, 33] {
@@ -1274,7 +1199,7 @@ fn short_and_vlan_frames_over_a_real_veth() {
             "802.1ad+802.1Q-tagged IPv4 from a pod",
         );
 
-        let uplink = packet_socket("up1");
+        let uplink = RawSocket::open_here("up1").expect("AF_PACKET socket on up1");
         let inner = Ipv4::new(Ipv4Addr::new(10, 9, 2, 5), b.ip).bytes();
         let vx = h.vxlan_frame(PEER_IP, VNI, VXLAN_PORT, &inner);
         expect_counted(h, &uplink, &vx, Counter::DecapVxlan, "untagged VXLAN");
