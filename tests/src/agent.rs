@@ -30,7 +30,8 @@ pub struct AgentArgs {
     pub socket: PathBuf,
     /// Log file.
     pub log: PathBuf,
-    /// Extra environment (test hooks such as `RIVET_FAIL_ADD_AT`).
+    /// Extra environment (e.g. `RIVET_TEST_FAULTS=1`, which lets rivetd
+    /// take the test-only `--test-fault-add-at`).
     pub env: Vec<(String, String)>,
     /// Extra rivetd flags (e.g. `--pod-attach tcx`).
     pub extra_args: Vec<String>,

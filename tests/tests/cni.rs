@@ -456,13 +456,20 @@ fn del_is_idempotent() {
 #[test]
 fn failure_at_each_add_step_leaves_nothing() {
     let mut e = env();
-    for step in rivet::endpoint::FAULT_STEPS {
+    let normal = e.w.nodes[e.n].agent_args.clone();
+    for (i, step) in rivet::endpoint::FAULT_STEPS.into_iter().enumerate() {
         let node = &mut e.w.nodes[e.n];
         node.agent_mut().stop();
-        node.agent_args.env = vec![("RIVET_FAIL_ADD_AT".into(), step.into())];
+        // The test-only flag, and the variable rivetd requires for it.
+        let mut args = normal.clone();
+        args.env
+            .push((rivet::config::TEST_FAULTS_ENV.into(), "1".into()));
+        args.extra_args
+            .extend(["--test-fault-add-at".into(), step.into()]);
+        node.agent_args = args;
         node.agent = Some(rivet_tests::AgentProc::start(node.agent_args.clone()));
         let conf = e.conf("1.0.0");
-        let ns = e.pod_ns(&format!("f{}", step.len()));
+        let ns = e.pod_ns(&format!("f{i}"));
         let out = e.plugin.add("cf", &ns.path(), &conf);
         let msg = out.expect_code(999, step);
         assert!(msg.contains(step), "{step}: {msg}");
@@ -475,7 +482,7 @@ fn failure_at_each_add_step_leaves_nothing() {
     }
     let node = &mut e.w.nodes[e.n];
     node.agent_mut().stop();
-    node.agent_args.env.clear();
+    node.agent_args = normal;
     node.agent = Some(rivet_tests::AgentProc::start(node.agent_args.clone()));
     let ns = e.pod_ns("after");
     e.plugin

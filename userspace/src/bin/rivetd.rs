@@ -2,11 +2,11 @@
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
-use clap::{Parser, Subcommand};
+use clap::{Args as _, FromArgMatches as _, Parser, Subcommand};
 use rivet::{
     agent::{self, Agent, AgentError, RECONCILE_INTERVAL},
     cluster::etcd::EtcdCluster,
-    config::{AgentConfig, FileConfig},
+    config::{AgentConfig, FAULT_STEPS, FileConfig, TEST_FAULTS_ENV},
     datapath::{self, pins::PinLayout},
     netlink::netns,
 };
@@ -15,126 +15,20 @@ use rivet::{
 #[command(
     name = "rivetd",
     version,
-    about = "rivet node agent: owns the eBPF datapath of one node"
+    about = "rivet node agent: owns the eBPF datapath of one node",
+    long_about = None
 )]
 struct Cli {
     /// TOML configuration file; flags override its values.
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Node name (names the pin directory).
-    #[arg(long)]
-    node_name: Option<String>,
-    /// Pod CIDR of this node.
-    #[arg(long)]
-    pod_cidr: Option<String>,
-    /// Pods' gateway address (answered for in BPF).
-    #[arg(long)]
-    gateway: Option<std::net::Ipv4Addr>,
-    /// Uplink interface of the node.
-    #[arg(long)]
-    uplink: Option<String>,
-    /// Pod interface MTU.
-    #[arg(long)]
-    mtu: Option<u32>,
-    /// Network namespace to run in (name under /run/netns, or a path).
-    #[arg(long)]
-    netns: Option<String>,
-    /// bpffs mount point.
-    #[arg(long)]
-    bpffs: Option<PathBuf>,
-    /// Pin directory (default <bpffs>/rivet/<node-name>).
-    #[arg(long)]
-    pin_dir: Option<PathBuf>,
-    /// State directory (default /var/lib/rivet/<node-name>).
-    #[arg(long)]
-    state_dir: Option<PathBuf>,
-    /// API socket path.
-    #[arg(long)]
-    socket: Option<PathBuf>,
-    /// Metrics and health endpoints (address:port, or "off"; default 127.0.0.1:9402).
-    #[arg(long)]
-    metrics_addr: Option<String>,
-    /// How programs attach to pod veths: tc (netlink cls_bpf, default) or tcx.
-    #[arg(long)]
-    pod_attach: Option<rivet::datapath::AttachMode>,
-    /// Cross-node mode: vxlan (default), ipip, native, hybrid.
-    #[arg(long)]
-    mode: Option<rivet::config::Mode>,
-    /// Cluster CIDR (all nodes' pod CIDRs).
-    #[arg(long)]
-    cluster_cidr: Option<String>,
-    /// VXLAN network identifier.
-    #[arg(long)]
-    vni: Option<u32>,
-    /// VXLAN UDP port.
-    #[arg(long)]
-    vxlan_port: Option<u16>,
-    /// etcd endpoints, comma-separated (cluster mode).
-    #[arg(long, value_delimiter = ',')]
-    etcd_endpoints: Option<Vec<String>>,
-    /// etcd key prefix.
-    #[arg(long)]
-    etcd_prefix: Option<String>,
-    /// Registration lease TTL in seconds.
-    #[arg(long)]
-    etcd_lease_ttl: Option<u64>,
-    /// Masquerade pod traffic leaving the cluster (default true).
-    #[arg(long)]
-    masquerade: Option<bool>,
-    /// Source ports of masqueraded flows, "first-last" (default 61000-65535).
-    #[arg(long)]
-    nat_port_range: Option<String>,
-    /// More destinations that keep the pod's address, comma-separated CIDRs.
-    #[arg(long, value_delimiter = ',')]
-    no_masquerade: Option<Vec<String>>,
-    /// Idle timeout of established TCP flows through NAT, seconds.
-    #[arg(long)]
-    nat_tcp_timeout: Option<u64>,
-    /// Idle timeout of UDP flows through NAT, seconds.
-    #[arg(long)]
-    nat_udp_timeout: Option<u64>,
-    /// How long an ended TCP flow stays in the NAT table, seconds.
-    #[arg(long)]
-    nat_tcp_closing_timeout: Option<u64>,
-    /// Seconds between NAT table garbage collections.
-    #[arg(long)]
-    nat_gc_interval: Option<u64>,
-    /// Capacity of the NAT table, entries (default 131072).
-    #[arg(long)]
-    nat_max_entries: Option<u32>,
-    /// Masqueraded flows one pod may hold at a time, 0 = no limit
-    /// (default nat_max_entries / 8).
-    #[arg(long)]
-    nat_max_per_pod: Option<u32>,
-    /// Fragments to the node's stack: each pod's budget refill, bytes per
-    /// second, 0 = no budget (default 32768).
-    #[arg(long)]
-    frag_budget_rate: Option<u64>,
-    /// Fragments to the node's stack: each pod's burst, bytes (default
-    /// 262144).
-    #[arg(long)]
-    frag_budget_burst: Option<u64>,
-    /// Capacity of the endpoints map, pods (default 16384).
-    #[arg(long)]
-    max_endpoints: Option<u32>,
-    /// Capacity of the routes and peers maps, remote nodes (default 4096).
-    #[arg(long)]
-    max_routes: Option<u32>,
-    /// Capacity of the hostPort map, mappings (default 16384).
-    #[arg(long)]
-    max_hostports: Option<u32>,
-    /// Group allowed to use the API socket (mode 0660; default root only).
-    #[arg(long)]
-    socket_group: Option<String>,
-    /// Load the programs from this eBPF object file instead of the embedded
-    /// one: rolls out a rebuilt datapath (a hotfix) without a new rivetd.
-    /// The running programs are swapped atomically; the object must define
-    /// the maps exactly as this rivetd does, else rivetd refuses to start.
-    #[arg(long)]
-    ebpf_object: Option<PathBuf>,
     /// Log filter (tracing env-filter syntax); RUST_LOG also works.
     #[arg(long, default_value = "info")]
     log: String,
+    /// Test only: make every endpoint ADD fail at this step. Accepted only
+    /// with RIVET_TEST_FAULTS=1 in the environment.
+    #[arg(long, hide = true, value_parser = clap::builder::PossibleValuesParser::new(FAULT_STEPS))]
+    test_fault_add_at: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -152,48 +46,21 @@ enum Command {
 }
 
 impl Cli {
-    fn file_config(&self) -> Result<FileConfig, AgentError2> {
+    /// The file's knobs with the flags given in `matches` over them, then
+    /// validated; and the test-only fault, if allowed.
+    fn config(&self, matches: &clap::ArgMatches) -> Result<AgentConfig, AgentError2> {
         let file = match &self.config {
             Some(p) => FileConfig::from_file(p)?,
             None => FileConfig::default(),
         };
-        Ok(file.merge(FileConfig {
-            node_name: self.node_name.clone(),
-            pod_cidr: self.pod_cidr.clone(),
-            gateway: self.gateway,
-            uplink: self.uplink.clone(),
-            mtu: self.mtu,
-            netns: self.netns.clone(),
-            bpffs: self.bpffs.clone(),
-            pin_dir: self.pin_dir.clone(),
-            state_dir: self.state_dir.clone(),
-            socket: self.socket.clone(),
-            metrics_addr: self.metrics_addr.clone(),
-            pod_attach: self.pod_attach,
-            mode: self.mode,
-            cluster_cidr: self.cluster_cidr.clone(),
-            vni: self.vni,
-            vxlan_port: self.vxlan_port,
-            etcd_endpoints: self.etcd_endpoints.clone(),
-            etcd_prefix: self.etcd_prefix.clone(),
-            etcd_lease_ttl: self.etcd_lease_ttl,
-            masquerade: self.masquerade,
-            nat_port_range: self.nat_port_range.clone(),
-            no_masquerade: self.no_masquerade.clone(),
-            nat_tcp_timeout: self.nat_tcp_timeout,
-            nat_udp_timeout: self.nat_udp_timeout,
-            nat_tcp_closing_timeout: self.nat_tcp_closing_timeout,
-            nat_gc_interval: self.nat_gc_interval,
-            nat_max_entries: self.nat_max_entries,
-            nat_max_per_pod: self.nat_max_per_pod,
-            frag_budget_rate: self.frag_budget_rate,
-            frag_budget_burst: self.frag_budget_burst,
-            max_endpoints: self.max_endpoints,
-            max_routes: self.max_routes,
-            max_hostports: self.max_hostports,
-            socket_group: self.socket_group.clone(),
-            ebpf_object: self.ebpf_object.clone(),
-        }))
+        let mut cfg = AgentConfig::resolve(file.with_flags(matches)?)?;
+        if let Some(step) = &self.test_fault_add_at {
+            if std::env::var(TEST_FAULTS_ENV).as_deref() != Ok("1") {
+                return Err(AgentError2::TestOnly);
+            }
+            cfg.fail_add_at = Some(step.clone());
+        }
+        Ok(cfg)
     }
 }
 
@@ -208,10 +75,20 @@ enum AgentError2 {
     Agent(#[from] AgentError),
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("--test-fault-add-at is for tests only: it needs {TEST_FAULTS_ENV}=1")]
+    TestOnly,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Every knob is a flag too (FileConfig: one definition for both); the
+    // flags given are read from `matches` over the file's values.
+    // (Cli's last, so that its name, version and about are rivetd's.)
+    let matches =
+        Cli::augment_args(FileConfig::augment_args(clap::Command::new("rivetd"))).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -219,7 +96,7 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match run(&cli) {
+    match run(&cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rivetd: error: {}", error_chain(&e));
@@ -242,8 +119,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn run(cli: &Cli) -> Result<(), AgentError2> {
-    let cfg = AgentConfig::resolve(cli.file_config()?)?;
+fn run(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), AgentError2> {
+    let cfg = cli.config(matches)?;
     // setns applies to the calling thread: do it before any other thread
     // (tokio workers) exists, so they all inherit the node namespace.
     if let Some(ns) = &cfg.netns {

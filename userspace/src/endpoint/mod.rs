@@ -88,7 +88,7 @@ pub enum EndpointError {
     /// Persisting the record failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// A fault injected for tests (`RIVET_FAIL_ADD_AT`).
+    /// A fault injected for tests (rivetd `--test-fault-add-at`).
     #[error("injected failure at step {0}")]
     Injected(String),
     /// Something else in the plumbing.
@@ -126,7 +126,8 @@ impl From<EndpointError> for ApiError {
     }
 }
 
-// Validated by the configuration (`fail_add_at`), injected here.
+// Test only: chosen with rivetd's hidden `--test-fault-add-at` (see
+// `AgentConfig::fail_add_at`), injected here.
 pub use crate::config::FAULT_STEPS;
 
 pub use rivet_api::host_ifname;

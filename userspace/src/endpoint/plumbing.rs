@@ -259,8 +259,7 @@ impl Endpoints {
                 format_mac(&pod_mac)
             )));
         }
-        self.step("after_pod_side", &mut timeline)?;
-        self.step("after_host_side", &mut timeline)?;
+        self.step("after_both_sides", &mut timeline)?;
 
         if !tc_mode {
             dp.attach_with(

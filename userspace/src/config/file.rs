@@ -1,0 +1,366 @@
+//! The agent's knobs, defined once: each field of [`FileConfig`] is a key
+//! of the TOML file and a flag of `rivetd` (`pod_cidr` = `--pod-cidr`).
+//! Both are optional field by field; flags win over the file.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+use super::{AttachMode, ConfigError, Mode};
+
+/// Every knob of the agent, as written in the TOML file and on the command
+/// line. Every one is optional; [`AgentConfig::resolve`] applies the
+/// defaults and validates ([`AgentConfig`] documents them).
+///
+/// [`AgentConfig`]: super::AgentConfig
+/// [`AgentConfig::resolve`]: super::AgentConfig::resolve
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+// The text above documents the type, not a command.
+#[command(about = None, long_about = None)]
+pub struct FileConfig {
+    // --- the node
+    /// Node name: names the pin and state directories (default: the host
+    /// name).
+    #[arg(long, help_heading = "Node")]
+    pub node_name: Option<String>,
+    /// Pod CIDR of this node (default 10.244.0.0/24; with etcd the lease
+    /// decides).
+    #[arg(long, help_heading = "Node")]
+    pub pod_cidr: Option<String>,
+    /// Pods' gateway address, answered for in BPF (default 169.254.1.1).
+    #[arg(long, help_heading = "Node")]
+    pub gateway: Option<Ipv4Addr>,
+    /// Uplink interface (the node's own NIC in its namespace).
+    #[arg(long, help_heading = "Node")]
+    pub uplink: Option<String>,
+    /// Pod interface MTU (default: the uplink's minus the tunnel overhead,
+    /// else 1500).
+    #[arg(long, help_heading = "Node")]
+    pub mtu: Option<u32>,
+    /// Network namespace to run in (a name under /run/netns, or a path).
+    #[arg(long, help_heading = "Node")]
+    pub netns: Option<String>,
+
+    // --- where state lives, the API and metrics
+    /// bpffs mount point (default /sys/fs/bpf).
+    #[arg(long, help_heading = "State and API")]
+    pub bpffs: Option<PathBuf>,
+    /// Pin directory (default <bpffs>/rivet/<node_name>).
+    #[arg(long, help_heading = "State and API")]
+    pub pin_dir: Option<PathBuf>,
+    /// State directory (default /var/lib/rivet/<node_name>).
+    #[arg(long, help_heading = "State and API")]
+    pub state_dir: Option<PathBuf>,
+    /// API socket (default /run/rivet/rivetd.sock).
+    #[arg(long, help_heading = "State and API")]
+    pub socket: Option<PathBuf>,
+    /// Group allowed to use the API socket (mode 0660); default none (0600,
+    /// root only).
+    #[arg(long, help_heading = "State and API")]
+    pub socket_group: Option<String>,
+    /// Prometheus metrics and health endpoints, address:port in the node's
+    /// namespace (default 127.0.0.1:9402; "off" disables).
+    #[arg(long, help_heading = "State and API")]
+    pub metrics_addr: Option<String>,
+
+    // --- the datapath
+    /// How programs attach to pod veths: tc (netlink cls_bpf, default) or
+    /// tcx.
+    #[arg(long, help_heading = "Datapath")]
+    pub pod_attach: Option<AttachMode>,
+    /// Load the programs from this eBPF object file instead of the one
+    /// built into rivetd: a rebuilt datapath (a hotfix) rolled out without
+    /// a new rivetd. The running programs are swapped atomically; the
+    /// object must define the maps exactly as this rivetd does, else rivetd
+    /// refuses to start.
+    #[arg(long, help_heading = "Datapath")]
+    pub ebpf_object: Option<PathBuf>,
+
+    // --- cross-node
+    /// Cross-node mode: vxlan (default), ipip, native, hybrid.
+    #[arg(long, help_heading = "Cross-node")]
+    pub mode: Option<Mode>,
+    /// Cluster CIDR: all nodes' pod CIDRs (default 10.244.0.0/16).
+    #[arg(long, help_heading = "Cross-node")]
+    pub cluster_cidr: Option<String>,
+    /// VXLAN network identifier (default 1).
+    #[arg(long, help_heading = "Cross-node")]
+    pub vni: Option<u32>,
+    /// VXLAN UDP port (default 8472).
+    #[arg(long, help_heading = "Cross-node")]
+    pub vxlan_port: Option<u16>,
+    /// etcd endpoints, comma-separated on the command line (cluster mode);
+    /// none = a single node.
+    #[arg(long, value_delimiter = ',', help_heading = "Cross-node")]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// etcd key prefix (default /rivet.io/network).
+    #[arg(long, help_heading = "Cross-node")]
+    pub etcd_prefix: Option<String>,
+    /// Lifetime of the node's registration in etcd, seconds (kept alive;
+    /// default 10).
+    #[arg(long, help_heading = "Cross-node")]
+    pub etcd_lease_ttl: Option<u64>,
+
+    // --- NAT
+    /// Masquerade pod traffic leaving the cluster (default true).
+    #[arg(long, help_heading = "NAT")]
+    pub masquerade: Option<bool>,
+    /// Source ports of masqueraded flows, "first-last" (default
+    /// 61000-65535).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_port_range: Option<String>,
+    /// More destinations (CIDRs) that keep the pod's address,
+    /// comma-separated on the command line.
+    #[arg(long, value_delimiter = ',', help_heading = "NAT")]
+    pub no_masquerade: Option<Vec<String>>,
+    /// Idle timeout of established TCP flows through NAT, seconds (default
+    /// 3600).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_tcp_timeout: Option<u64>,
+    /// Idle timeout of UDP flows through NAT, seconds (default 60).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_udp_timeout: Option<u64>,
+    /// How long an ended TCP flow stays in the NAT table, seconds (default
+    /// 10).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_tcp_closing_timeout: Option<u64>,
+    /// Seconds between NAT table garbage collections (default 10).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_gc_interval: Option<u64>,
+    /// Capacity of the NAT table, entries (default 131072).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_max_entries: Option<u32>,
+    /// Masqueraded flows one pod may hold at a time, 0 = no limit (default
+    /// nat_max_entries / 8).
+    #[arg(long, help_heading = "NAT")]
+    pub nat_max_per_pod: Option<u32>,
+
+    // --- fragments to the node's stack
+    /// Fragments to the node's stack: each pod's budget refill, bytes per
+    /// second, 0 = no budget (default 32768).
+    #[arg(long, help_heading = "Fragments")]
+    pub frag_budget_rate: Option<u64>,
+    /// Fragments to the node's stack: each pod's burst, bytes (default
+    /// 262144).
+    #[arg(long, help_heading = "Fragments")]
+    pub frag_budget_burst: Option<u64>,
+
+    // --- map capacities
+    /// Capacity of the endpoints map, pods on this node (default 16384).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_endpoints: Option<u32>,
+    /// Capacity of the routes and peers maps, remote nodes (default 4096).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_routes: Option<u32>,
+    /// Capacity of the hostPort map, mappings on this node (default 16384).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_hostports: Option<u32>,
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses TOML text. The error is one line: where, what, and the
+    /// offending line's text (which names the key).
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
+            let Some(span) = e.span() else {
+                return e.message().to_owned();
+            };
+            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or_default().trim();
+            format!("line {line_no}: {} (in `{line}`)", e.message())
+        })
+    }
+
+    /// The flags given in `matches` (a command built with these knobs,
+    /// `#[command(flatten)]`) over the values of `self`: each flag given
+    /// replaces its key, the others stay.
+    pub fn with_flags(mut self, matches: &clap::ArgMatches) -> Result<Self, ConfigError> {
+        clap::FromArgMatches::update_from_arg_matches(&mut self, matches)
+            .map_err(|e| ConfigError::Flags(e.to_string().trim().to_owned()))?;
+        Ok(self)
+    }
+
+    /// The keys, in definition order (each is also the flag `--<key with
+    /// '-' for '_'>`).
+    pub fn keys() -> Vec<String> {
+        use clap::Args as _;
+        Self::augment_args(clap::Command::new("keys"))
+            .get_arguments()
+            .map(|a| a.get_id().as_str().to_owned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::Args as _;
+
+    use super::*;
+
+    fn flags(args: &[&str]) -> clap::ArgMatches {
+        FileConfig::augment_args(clap::Command::new("rivetd"))
+            .try_get_matches_from(std::iter::once("rivetd").chain(args.iter().copied()))
+            .expect("valid flags")
+    }
+
+    #[test]
+    fn flags_override_the_file_key_by_key() {
+        let file = FileConfig::from_toml("node_name = \"a\"\nmtu = 1400\nvni = 7").expect("valid");
+        let merged = file
+            .with_flags(&flags(&[
+                "--node-name",
+                "b",
+                "--etcd-endpoints",
+                "http://x:1,http://y:2",
+                "--vni",
+                "9",
+            ]))
+            .expect("merged");
+        assert_eq!(merged.node_name.as_deref(), Some("b"));
+        assert_eq!(merged.mtu, Some(1400), "the file's value stays");
+        assert_eq!(merged.vni, Some(9));
+        assert_eq!(
+            merged.etcd_endpoints,
+            Some(vec!["http://x:1".to_owned(), "http://y:2".to_owned()])
+        );
+        let none = FileConfig::from_toml("mtu = 1400")
+            .expect("valid")
+            .with_flags(&flags(&[]))
+            .expect("merged");
+        assert_eq!(none, FileConfig::from_toml("mtu = 1400").expect("valid"));
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        for args in [
+            ["--vni", "x"],
+            ["--mode", "gre"],
+            ["--pod-attach", "bpf"],
+            ["--gateway", "10.0.0"],
+            ["--masquerade", "yes"],
+            ["--pod-cdir", "10.0.0.0/24"],
+        ] {
+            let err = FileConfig::augment_args(clap::Command::new("rivetd"))
+                .try_get_matches_from(std::iter::once("rivetd").chain(args))
+                .expect_err(args[0])
+                .to_string();
+            assert!(err.contains(args[0]), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_key_is_its_flag() {
+        let cmd = FileConfig::augment_args(clap::Command::new("rivetd"));
+        for arg in cmd.get_arguments() {
+            let key = arg.get_id().as_str();
+            assert_eq!(
+                arg.get_long().map(|l| l.replace('-', "_")).as_deref(),
+                Some(key),
+                "--{key}"
+            );
+            assert!(!arg.is_hide_set(), "{key} is hidden");
+            assert!(arg.get_help().is_some(), "{key} has no help");
+        }
+    }
+
+    /// serde's list of the keys, from the unknown-key error.
+    fn serde_keys() -> BTreeSet<String> {
+        let err = FileConfig::from_toml("no_such_key_at_all = 1").expect_err("unknown key");
+        let list = err
+            .split_once("expected one of")
+            .unwrap_or_else(|| panic!("no key list in {err:?}"))
+            .1;
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|k| !k.contains(' '))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_file_and_the_flags_have_the_same_keys() {
+        let flags: BTreeSet<String> = FileConfig::keys().into_iter().collect();
+        assert_eq!(flags.len(), FileConfig::keys().len(), "no key twice");
+        assert_eq!(serde_keys(), flags);
+    }
+
+    /// The README's sentence "Every flag has a TOML key of the same name
+    /// (`a`, `b`, ...; ...)" names every key, once, and nothing else.
+    #[test]
+    fn the_readme_lists_every_key() {
+        const README: &str = include_str!("../../../README.md");
+        const START: &str = "Every flag has a TOML key of the same name (";
+        let at = README.find(START).expect("the README's key list") + START.len();
+        let list = &README[at..];
+        let list = &list[..list.find([';', ')']).expect("the list's end")];
+        let named: Vec<&str> = list
+            .split(',')
+            .map(|k| k.trim().trim_matches('`'))
+            .collect();
+        let set: BTreeSet<&str> = named.iter().copied().collect();
+        assert_eq!(
+            set.len(),
+            named.len(),
+            "a key twice in README.md: {named:?}"
+        );
+        let keys = FileConfig::keys();
+        let keys: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+        assert_eq!(
+            set, keys,
+            "README.md \"Running the agent\" must name exactly the keys of FileConfig"
+        );
+    }
+
+    /// deploy/rivet.toml: as shipped (all commented) a valid configuration;
+    /// uncommented, every key once with a value the agent accepts.
+    #[test]
+    fn the_example_config_shows_every_key_with_a_valid_value() {
+        const EXAMPLE: &str = include_str!("../../../deploy/rivet.toml");
+        FileConfig::from_toml(EXAMPLE).expect("the example as shipped");
+        let mut shown = Vec::new();
+        let uncommented: String = EXAMPLE
+            .lines()
+            .filter_map(|l| {
+                let line = l.strip_prefix("# ")?;
+                let (key, _) = line.split_once(" = ")?;
+                key.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+                    .then(|| {
+                        shown.push(key.to_owned());
+                        format!("{line}\n")
+                    })
+            })
+            .collect();
+        let file = FileConfig::from_toml(&uncommented)
+            .unwrap_or_else(|e| panic!("the example's values: {e}\n{uncommented}"));
+        let mut keys = FileConfig::keys();
+        keys.sort();
+        shown.sort();
+        assert_eq!(shown, keys, "every key, once, in deploy/rivet.toml");
+        // Its values are consistent too (with a node name for the host's).
+        super::super::AgentConfig::resolve(FileConfig {
+            node_name: Some("node1".into()),
+            ..file
+        })
+        .expect("the example's values resolve");
+    }
+}
