@@ -63,29 +63,145 @@ pub mod map_names {
     /// looked up.
     pub const ENDPOINT_SLOTS: &str = "ENDPOINT_SLOTS";
 
-    /// Every map the agent pins.
-    pub const ALL: [&str; 20] = [
-        ENDPOINTS,
-        STATS,
-        CONFIG,
-        LOCAL_ADDRS,
-        ROUTES,
-        PEERS,
-        NAT,
-        NAT_CONFIG,
-        NO_MASQ,
-        HOSTPORTS,
-        NAT_STATS,
-        SOCK_CONFIG,
-        SOCK_REVNAT,
-        EVENTS,
-        EVENT_CONFIG,
-        NAT_PODS,
-        NAT_LIMITS,
-        TUNABLES,
-        FRAG_BUDGET,
-        ENDPOINT_SLOTS,
-    ];
+    /// Every map the agent pins: the names of [`crate::MAPS`], in its order.
+    pub const ALL: [&str; crate::MAPS.len()] = {
+        let mut all = [""; crate::MAPS.len()];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = crate::MAPS[i].name;
+            i += 1;
+        }
+        all
+    };
+}
+
+/// A map's type, as the kernel numbers it (`enum bpf_map_type`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    /// `BPF_MAP_TYPE_HASH`.
+    Hash = 1,
+    /// `BPF_MAP_TYPE_ARRAY`.
+    Array = 2,
+    /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
+    PerCpuArray = 6,
+    /// `BPF_MAP_TYPE_LRU_HASH`.
+    LruHash = 9,
+    /// `BPF_MAP_TYPE_LPM_TRIE`.
+    LpmTrie = 11,
+    /// `BPF_MAP_TYPE_RINGBUF` (no key or value; its size is in bytes).
+    RingBuf = 27,
+}
+
+impl MapKind {
+    /// The kind numbered `raw` by the kernel, if it is one of these.
+    pub const fn from_raw(raw: u32) -> Option<MapKind> {
+        match raw {
+            1 => Some(MapKind::Hash),
+            2 => Some(MapKind::Array),
+            6 => Some(MapKind::PerCpuArray),
+            9 => Some(MapKind::LruHash),
+            11 => Some(MapKind::LpmTrie),
+            27 => Some(MapKind::RingBuf),
+            _ => None,
+        }
+    }
+}
+
+/// How a map's capacity is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapSizing {
+    /// As the object declares it ([`MapSpec::max_entries`]).
+    Fixed,
+    /// Set at load from the agent's configuration key (the object's
+    /// [`MapSpec::max_entries`] is its default). The agent fills the map: an
+    /// entry a full map refuses is counted and reported.
+    Configured(&'static str),
+    /// Set at load from the configuration key of the maps it serves; only
+    /// the datapath fills it (LRU), so nothing is ever refused.
+    Follows(&'static str),
+}
+
+/// One map of the datapath: its name, type, layout and capacity. The loader
+/// pins every map listed here and checks each layout (object and pins)
+/// against it; a test checks that the object defines exactly these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// Its name in the object and pin directory ([`map_names`]).
+    pub name: &'static str,
+    /// Its type.
+    pub kind: MapKind,
+    /// Key size in bytes (0 for a ring buffer).
+    pub key_size: usize,
+    /// Value size in bytes (0 for a ring buffer).
+    pub value_size: usize,
+    /// Capacity the object declares (bytes for a ring buffer).
+    pub max_entries: u32,
+    /// Whether the agent resizes it at load.
+    pub sizing: MapSizing,
+}
+
+impl MapSpec {
+    const fn new<K, V>(name: &'static str, kind: MapKind, max_entries: u32) -> Self {
+        Self {
+            name,
+            kind,
+            key_size: core::mem::size_of::<K>(),
+            value_size: core::mem::size_of::<V>(),
+            max_entries,
+            sizing: MapSizing::Fixed,
+        }
+    }
+
+    const fn sized(self, sizing: MapSizing) -> Self {
+        Self { sizing, ..self }
+    }
+}
+
+/// Key of the LPM tries (`aya`'s `lpm_trie::Key<u32>`): prefix length, then
+/// the address in wire order.
+type LpmKey = [u32; 2];
+
+/// Every map of the datapath, stated once: names, types, layouts and
+/// capacities ([`map_names::ALL`] and the agent's layout checks, pins and
+/// sized maps come from here).
+pub const MAPS: [MapSpec; 20] = {
+    use MapKind::*;
+    use map_names as n;
+    [
+        MapSpec::new::<EndpointKey, EndpointInfo>(n::ENDPOINTS, Hash, ENDPOINTS_MAX)
+            .sized(MapSizing::Configured("max_endpoints")),
+        MapSpec::new::<u32, StatsEntry>(n::STATS, PerCpuArray, COUNTERS_MAX),
+        MapSpec::new::<u32, NodeConfig>(n::CONFIG, Array, 1),
+        MapSpec::new::<EndpointKey, u32>(n::LOCAL_ADDRS, Hash, LOCAL_ADDRS_MAX),
+        MapSpec::new::<LpmKey, RouteInfo>(n::ROUTES, LpmTrie, ROUTES_MAX)
+            .sized(MapSizing::Configured("max_routes")),
+        MapSpec::new::<EndpointKey, PeerInfo>(n::PEERS, Hash, PEERS_MAX)
+            .sized(MapSizing::Configured("max_routes")),
+        MapSpec::new::<HostPortKey, HostPortTarget>(n::HOSTPORTS, Hash, HOSTPORTS_MAX)
+            .sized(MapSizing::Configured("max_hostports")),
+        MapSpec::new::<NatKey, NatEntry>(n::NAT, LruHash, NAT_MAX)
+            .sized(MapSizing::Configured("nat_max_entries")),
+        MapSpec::new::<u32, NatConfig>(n::NAT_CONFIG, Array, 1),
+        MapSpec::new::<LpmKey, u32>(n::NO_MASQ, LpmTrie, NO_MASQ_MAX),
+        MapSpec::new::<u32, u64>(n::NAT_STATS, PerCpuArray, nat_stat::SLOTS),
+        MapSpec::new::<u32, SockConfig>(n::SOCK_CONFIG, Array, 1),
+        MapSpec::new::<SockRevKey, SockRevTarget>(n::SOCK_REVNAT, LruHash, SOCK_REVNAT_MAX),
+        MapSpec::new::<(), ()>(n::EVENTS, RingBuf, EVENTS_BYTES),
+        MapSpec::new::<u32, EventConfig>(n::EVENT_CONFIG, Array, 1),
+        MapSpec::new::<NatPodKey, u64>(n::NAT_PODS, LruHash, NAT_PODS_MAX),
+        MapSpec::new::<u32, NatLimits>(n::NAT_LIMITS, Array, 1),
+        MapSpec::new::<u32, u64>(n::TUNABLES, Array, TUNABLES_MAX),
+        // One bucket per pod that sends fragments.
+        MapSpec::new::<EndpointKey, u64>(n::FRAG_BUDGET, LruHash, ENDPOINTS_MAX)
+            .sized(MapSizing::Follows("max_endpoints")),
+        MapSpec::new::<u32, EndpointSlot>(n::ENDPOINT_SLOTS, Array, ENDPOINT_SLOTS_MAX),
+    ]
+};
+
+/// The declaration of map `name`, if it is one of [`MAPS`].
+pub fn map_spec(name: &str) -> Option<&'static MapSpec> {
+    MAPS.iter().find(|m| m.name == name)
 }
 
 /// Names of the programs in the object.
@@ -588,6 +704,28 @@ pub struct StatsEntry {
 /// Number of slots in the stats map; [`Counter`] values are below this.
 pub const COUNTERS_MAX: u32 = 64;
 
+/// What a [`Counter`] says happened to a packet; each counter belongs to
+/// exactly one family ([`Counter::family`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CounterFamily {
+    /// The datapath sent or delivered the packet itself: redirected to a
+    /// pod or `rivet_host`, encapsulated, decapsulated, translated.
+    Forward,
+    /// Handed to the kernel stack, or answered in BPF.
+    Pass,
+    /// Dropped (the values from [`Counter::FIRST_DROP`] on).
+    Drop,
+}
+
+impl CounterFamily {
+    /// Every family.
+    pub const ALL: [CounterFamily; 3] = [
+        CounterFamily::Forward,
+        CounterFamily::Pass,
+        CounterFamily::Drop,
+    ];
+}
+
 /// Everything a program decides is counted under exactly one of these.
 ///
 /// Values below [`Counter::FIRST_DROP`] are verdicts that let the packet live;
@@ -760,54 +898,72 @@ impl Counter {
         self.index() >= Self::FIRST_DROP
     }
 
+    /// The counter's stable snake_case name (used by `rivetctl`, metrics
+    /// and logs) and its family, stated together.
+    const fn describe(self) -> (&'static str, CounterFamily) {
+        use CounterFamily::{Drop, Forward, Pass};
+        match self {
+            Counter::FwdLocal => ("fwd_local", Forward),
+            Counter::PassHost => ("pass_host", Pass),
+            Counter::PassOther => ("pass_other", Pass),
+            Counter::ArpReply => ("arp_reply", Pass),
+            Counter::ArpPass => ("arp_pass", Pass),
+            Counter::PassTtl => ("pass_ttl_exceeded", Pass),
+            Counter::UplinkPass => ("uplink_pass", Pass),
+            Counter::FwdEncapVxlan => ("fwd_encap_vxlan", Forward),
+            Counter::FwdEncapIpip => ("fwd_encap_ipip", Forward),
+            Counter::FwdNative => ("fwd_native", Forward),
+            Counter::DecapVxlan => ("decap_vxlan", Forward),
+            Counter::DecapIpip => ("decap_ipip", Forward),
+            Counter::FwdFromPeer => ("fwd_from_peer", Forward),
+            Counter::DeliverHost => ("deliver_host", Forward),
+            Counter::IcmpFragNeeded => ("icmp_frag_needed", Pass),
+            Counter::HostPass => ("host_pass", Pass),
+            Counter::FwdSnat => ("fwd_snat", Forward),
+            Counter::RevSnat => ("rev_snat", Forward),
+            Counter::PassNatNoState => ("pass_nat_no_state", Pass),
+            Counter::FwdDnat => ("fwd_dnat", Forward),
+            Counter::RevDnat => ("rev_dnat", Forward),
+            Counter::DropTruncated => ("drop_truncated", Drop),
+            Counter::DropBadIpHeader => ("drop_bad_ip_header", Drop),
+            Counter::DropSpoofedIp => ("drop_spoofed_ip", Drop),
+            Counter::DropSpoofedMac => ("drop_spoofed_mac", Drop),
+            Counter::DropArpSpoofed => ("drop_arp_spoofed", Drop),
+            Counter::DropArpUnsupported => ("drop_arp_unsupported", Drop),
+            Counter::DropUnsupportedL3 => ("drop_unsupported_l3", Drop),
+            Counter::DropNotConfigured => ("drop_not_configured", Drop),
+            Counter::DropTunnelUnknownPeer => ("drop_tunnel_unknown_peer", Drop),
+            Counter::DropTunnelBadVni => ("drop_tunnel_bad_vni", Drop),
+            Counter::DropTunnelMalformed => ("drop_tunnel_malformed", Drop),
+            Counter::DropTunnelNoEndpoint => ("drop_tunnel_no_endpoint", Drop),
+            Counter::DropTunnelFromPod => ("drop_tunnel_from_pod", Drop),
+            Counter::DropNoRoute => ("drop_no_route", Drop),
+            Counter::DropEncapFailed => ("drop_encap_failed", Drop),
+            Counter::DropTooBig => ("drop_too_big", Drop),
+            Counter::DropNatNoPort => ("drop_nat_no_port", Drop),
+            Counter::DropNatUnsupported => ("drop_nat_unsupported", Drop),
+            Counter::DropNatInsertFailed => ("drop_nat_insert_failed", Drop),
+            Counter::DropNatRewrite => ("drop_nat_rewrite", Drop),
+            Counter::DropNatQuota => ("drop_nat_quota", Drop),
+            Counter::DropFragBudget => ("drop_frag_budget", Drop),
+            Counter::DropNatIcmpUnknown => ("drop_nat_icmp_unknown", Drop),
+        }
+    }
+
     /// Stable snake_case name, used by `rivetctl`, metrics and logs.
     pub const fn name(self) -> &'static str {
-        match self {
-            Counter::FwdLocal => "fwd_local",
-            Counter::PassHost => "pass_host",
-            Counter::PassOther => "pass_other",
-            Counter::ArpReply => "arp_reply",
-            Counter::ArpPass => "arp_pass",
-            Counter::PassTtl => "pass_ttl_exceeded",
-            Counter::UplinkPass => "uplink_pass",
-            Counter::FwdEncapVxlan => "fwd_encap_vxlan",
-            Counter::FwdEncapIpip => "fwd_encap_ipip",
-            Counter::FwdNative => "fwd_native",
-            Counter::DecapVxlan => "decap_vxlan",
-            Counter::DecapIpip => "decap_ipip",
-            Counter::FwdFromPeer => "fwd_from_peer",
-            Counter::DeliverHost => "deliver_host",
-            Counter::IcmpFragNeeded => "icmp_frag_needed",
-            Counter::HostPass => "host_pass",
-            Counter::FwdSnat => "fwd_snat",
-            Counter::RevSnat => "rev_snat",
-            Counter::PassNatNoState => "pass_nat_no_state",
-            Counter::FwdDnat => "fwd_dnat",
-            Counter::RevDnat => "rev_dnat",
-            Counter::DropTruncated => "drop_truncated",
-            Counter::DropBadIpHeader => "drop_bad_ip_header",
-            Counter::DropSpoofedIp => "drop_spoofed_ip",
-            Counter::DropSpoofedMac => "drop_spoofed_mac",
-            Counter::DropArpSpoofed => "drop_arp_spoofed",
-            Counter::DropArpUnsupported => "drop_arp_unsupported",
-            Counter::DropUnsupportedL3 => "drop_unsupported_l3",
-            Counter::DropNotConfigured => "drop_not_configured",
-            Counter::DropTunnelUnknownPeer => "drop_tunnel_unknown_peer",
-            Counter::DropTunnelBadVni => "drop_tunnel_bad_vni",
-            Counter::DropTunnelMalformed => "drop_tunnel_malformed",
-            Counter::DropTunnelNoEndpoint => "drop_tunnel_no_endpoint",
-            Counter::DropTunnelFromPod => "drop_tunnel_from_pod",
-            Counter::DropNoRoute => "drop_no_route",
-            Counter::DropEncapFailed => "drop_encap_failed",
-            Counter::DropTooBig => "drop_too_big",
-            Counter::DropNatNoPort => "drop_nat_no_port",
-            Counter::DropNatUnsupported => "drop_nat_unsupported",
-            Counter::DropNatInsertFailed => "drop_nat_insert_failed",
-            Counter::DropNatRewrite => "drop_nat_rewrite",
-            Counter::DropNatQuota => "drop_nat_quota",
-            Counter::DropFragBudget => "drop_frag_budget",
-            Counter::DropNatIcmpUnknown => "drop_nat_icmp_unknown",
-        }
+        self.describe().0
+    }
+
+    /// What happened to the packet: the family the counter belongs to
+    /// (its metric).
+    pub const fn family(self) -> CounterFamily {
+        self.describe().1
+    }
+
+    /// The counter called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Counter> {
+        Counter::ALL.iter().copied().find(|c| c.name() == name)
     }
 
     /// The counter at `index`, if any.
@@ -904,6 +1060,50 @@ mod tests {
                 assert_ne!(a.name(), b.name());
             }
         }
+    }
+
+    #[test]
+    fn every_counter_has_one_family_and_drops_are_the_drop_family() {
+        for family in CounterFamily::ALL {
+            assert!(
+                Counter::ALL.iter().any(|c| c.family() == family),
+                "{family:?} has no counter"
+            );
+        }
+        for c in Counter::ALL {
+            let families: usize = CounterFamily::ALL
+                .iter()
+                .filter(|f| **f == c.family())
+                .count();
+            assert_eq!(families, 1, "{c:?}");
+            assert_eq!(c.family() == CounterFamily::Drop, c.is_drop(), "{c:?}");
+            assert_eq!(c.name().starts_with("drop_"), c.is_drop(), "{c:?}");
+            if c.name().starts_with("fwd_") {
+                assert_eq!(c.family(), CounterFamily::Forward, "{c:?}");
+            }
+            assert_eq!(Counter::from_name(c.name()), Some(c));
+        }
+        assert_eq!(Counter::from_name("no_such_counter"), None);
+    }
+
+    #[test]
+    fn maps_are_declared_once() {
+        for (i, a) in MAPS.iter().enumerate() {
+            assert_eq!(map_names::ALL[i], a.name);
+            assert_eq!(map_spec(a.name), Some(a));
+            assert!(a.max_entries > 0, "{}", a.name);
+            assert_eq!(
+                a.kind == MapKind::RingBuf,
+                a.key_size == 0 && a.value_size == 0,
+                "{}",
+                a.name
+            );
+            assert_eq!(MapKind::from_raw(a.kind as u32), Some(a.kind));
+            for b in &MAPS[i + 1..] {
+                assert_ne!(a.name, b.name);
+            }
+        }
+        assert_eq!(map_spec("NO_SUCH_MAP"), None);
     }
 
     #[test]

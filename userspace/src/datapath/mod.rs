@@ -24,7 +24,7 @@ use aya::{
     maps::{MapData, MapError},
     programs::{ProgramError, SchedClassifier, links::LinkError},
 };
-use rivet_common::map_names;
+use rivet_common::{MAPS, MapSizing};
 
 pub use self::{
     attach::{LinkState, PROGRAMS, TC_HANDLE, TC_PRIORITY, links},
@@ -32,7 +32,7 @@ pub use self::{
     object::{OBJECT, ObjectInfo, load_verified, object_hash, object_stamp},
 };
 use self::{
-    maps::endpoints::read_slot_holders,
+    maps::{configured_size, endpoints::read_slot_holders},
     object::{check_object_maps, check_pinned_maps},
     pins::{PinError, PinLayout, remove_file_if_exists},
 };
@@ -224,32 +224,26 @@ impl Datapath {
         let btf = Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref());
-        for (name, key) in SIZED_MAPS {
-            let size = match key {
-                "max_endpoints" => limits.endpoints,
-                "max_routes" => limits.routes,
-                "max_hostports" => limits.hostports,
-                _ => limits.nat,
+        for spec in &MAPS {
+            loader.map_pin_path(spec.name, layout.map(spec.name));
+            let (MapSizing::Configured(key) | MapSizing::Follows(key)) = spec.sizing else {
+                continue;
             };
-            loader.map_max_entries(name, size);
-            if let Ok(pinned) = MapData::from_pin(layout.map(name))
+            let size = configured_size(limits, key).unwrap_or(spec.max_entries);
+            loader.map_max_entries(spec.name, size);
+            if let MapSizing::Configured(_) = spec.sizing
+                && let Ok(pinned) = MapData::from_pin(layout.map(spec.name))
                 && let Ok(info) = pinned.info()
                 && info.max_entries() != size
             {
                 tracing::warn!(
-                    map = name,
+                    map = spec.name,
                     pinned = info.max_entries(),
                     configured = size,
                     key,
                     "the pinned map keeps its size until `rivetd unload`"
                 );
             }
-        }
-        // One fragment bucket per pod that sends fragments (LRU, not
-        // listed in SIZED_MAPS: the agent never inserts into it).
-        loader.map_max_entries(map_names::FRAG_BUDGET, limits.endpoints);
-        for name in map_names::ALL {
-            loader.map_pin_path(name, layout.map(name));
         }
         let mut ebpf = loader
             .load(&bytes)

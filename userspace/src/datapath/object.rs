@@ -14,7 +14,7 @@
 //! (`ebpf_object`), from a file: a rebuilt datapath (a hotfix) without a new
 //! `rivetd`. The object's map definitions (type, key and value size, parsed
 //! with `aya-obj` before anything is created) must equal the layouts this build
-//! expects, else the agent refuses to start with `the eBPF object … defines map
+//! expects (`rivet_common::MAPS`: every map, one declaration), else the agent refuses to start with `the eBPF object … defines map
 //! … as …; this rivet expects …` and touches nothing — its programs would
 //! otherwise read the pinned maps with another layout. Pinned maps whose type
 //! or key/value sizes differ are refused the same way on every start (never
@@ -32,15 +32,8 @@
 //! whose ENDPOINTS value size was changed is refused while the old programs
 //! keep forwarding.
 
-use aya::{
-    maps::{MapData, MapType},
-    programs::ProgramError,
-};
-use rivet_common::{
-    EndpointInfo, EndpointKey, EndpointSlot, HostPortKey, HostPortTarget, NatConfig, NatEntry,
-    NatKey, NatLimits, NatPodKey, NodeConfig, PeerInfo, RouteInfo, SockConfig, SockRevKey,
-    SockRevTarget, StatsEntry, map_names,
-};
+use aya::{maps::MapData, programs::ProgramError};
+use rivet_common::{MAPS, MapKind, MapSpec};
 
 use crate::datapath::pins::PinLayout;
 use crate::datapath::{DatapathError, map_err};
@@ -118,121 +111,26 @@ impl ObjectInfo {
     }
 }
 
-/// What the object defines for each pinned map: (name, type, key size, value size).
-pub(in crate::datapath) const MAP_LAYOUTS: [(&str, MapType, usize, usize); 18] = [
-    (
-        map_names::ENDPOINT_SLOTS,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<EndpointSlot>(),
-    ),
-    (
-        map_names::SOCK_CONFIG,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<SockConfig>(),
-    ),
-    (
-        map_names::SOCK_REVNAT,
-        MapType::LruHash,
-        size_of::<SockRevKey>(),
-        size_of::<SockRevTarget>(),
-    ),
-    (
-        map_names::NAT_STATS,
-        MapType::PerCpuArray,
-        size_of::<u32>(),
-        size_of::<u64>(),
-    ),
-    (
-        map_names::HOSTPORTS,
-        MapType::Hash,
-        size_of::<HostPortKey>(),
-        size_of::<HostPortTarget>(),
-    ),
-    (
-        map_names::NAT,
-        MapType::LruHash,
-        size_of::<NatKey>(),
-        size_of::<NatEntry>(),
-    ),
-    (
-        map_names::NAT_CONFIG,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<NatConfig>(),
-    ),
-    (
-        map_names::NAT_PODS,
-        MapType::LruHash,
-        size_of::<NatPodKey>(),
-        size_of::<u64>(),
-    ),
-    (
-        map_names::NAT_LIMITS,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<NatLimits>(),
-    ),
-    (
-        map_names::TUNABLES,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<u64>(),
-    ),
-    (
-        map_names::FRAG_BUDGET,
-        MapType::LruHash,
-        size_of::<EndpointKey>(),
-        size_of::<u64>(),
-    ),
-    (
-        map_names::NO_MASQ,
-        MapType::LpmTrie,
-        size_of::<u32>() + size_of::<u32>(),
-        size_of::<u32>(),
-    ),
-    (
-        map_names::ROUTES,
-        MapType::LpmTrie,
-        size_of::<u32>() + size_of::<u32>(),
-        size_of::<RouteInfo>(),
-    ),
-    (
-        map_names::PEERS,
-        MapType::Hash,
-        size_of::<EndpointKey>(),
-        size_of::<PeerInfo>(),
-    ),
-    (
-        map_names::ENDPOINTS,
-        MapType::Hash,
-        size_of::<EndpointKey>(),
-        size_of::<EndpointInfo>(),
-    ),
-    (
-        map_names::LOCAL_ADDRS,
-        MapType::Hash,
-        size_of::<EndpointKey>(),
-        size_of::<u32>(),
-    ),
-    (
-        map_names::CONFIG,
-        MapType::Array,
-        size_of::<u32>(),
-        size_of::<NodeConfig>(),
-    ),
-    (
-        map_names::STATS,
-        MapType::PerCpuArray,
-        size_of::<u32>(),
-        size_of::<StatsEntry>(),
-    ),
-];
+/// A map type as the messages show it: its [`MapKind`], else the kernel's number.
+fn kind_text(raw: u32) -> String {
+    MapKind::from_raw(raw).map_or_else(|| format!("map type {raw}"), |k| format!("{k:?}"))
+}
 
-/// Refuses pinned maps whose type or sizes differ from this build's.
+/// (type, key size, value size) as the messages show them.
+fn layout_text((kind, key, value): (u32, usize, usize)) -> String {
+    format!("{}, key {key} B, value {value} B", kind_text(kind))
+}
+
+/// What this build defines for a map: (type, key size, value size).
+fn expected_layout(spec: &MapSpec) -> (u32, usize, usize) {
+    (spec.kind as u32, spec.key_size, spec.value_size)
+}
+
+/// Refuses pinned maps whose type or sizes differ from this build's
+/// (every map of [`MAPS`] that is pinned).
 pub(in crate::datapath) fn check_pinned_maps(layout: &PinLayout) -> Result<(), DatapathError> {
-    for (name, map_type, key, value) in MAP_LAYOUTS {
+    for spec in &MAPS {
+        let name = spec.name;
         let path = layout.map(name);
         if !path.exists() {
             continue;
@@ -241,15 +139,16 @@ pub(in crate::datapath) fn check_pinned_maps(layout: &PinLayout) -> Result<(), D
         let info = data.info().map_err(map_err(name))?;
         let found_type = info.map_type().map_err(map_err(name))?;
         let found = (
-            found_type,
+            found_type as u32,
             info.key_size() as usize,
             info.value_size() as usize,
         );
-        if found != (map_type, key, value) {
+        let expected = expected_layout(spec);
+        if found != expected {
             return Err(DatapathError::IncompatibleMap {
                 path,
-                found: format!("{:?}, key {} B, value {} B", found.0, found.1, found.2),
-                expected: format!("{map_type:?}, key {key} B, value {value} B"),
+                found: layout_text(found),
+                expected: layout_text(expected),
             });
         }
     }
@@ -257,42 +156,29 @@ pub(in crate::datapath) fn check_pinned_maps(layout: &PinLayout) -> Result<(), D
 }
 
 /// Refuses an object whose maps differ from this build's (type, key and
-/// value sizes): its programs would read the pinned maps with another
-/// layout.
+/// value sizes, every map of [`MAPS`]): its programs would read the pinned
+/// maps with another layout.
 pub(in crate::datapath) fn check_object_maps(
     object: &[u8],
     source: &str,
 ) -> Result<(), DatapathError> {
     let obj = aya_obj::Object::parse(object)
         .map_err(|e| DatapathError::Load(Box::new(aya::EbpfError::from(e))))?;
-    for (name, map_type, key, value) in MAP_LAYOUTS {
-        let Some(def) = obj.maps.get(name) else {
+    for spec in &MAPS {
+        let expected = expected_layout(spec);
+        let found = obj.maps.get(spec.name).map(|def| {
+            (
+                def.map_type(),
+                def.key_size() as usize,
+                def.value_size() as usize,
+            )
+        });
+        if found != Some(expected) {
             return Err(DatapathError::ObjectMapLayout {
                 object: source.to_owned(),
-                map: name,
-                found: "missing".to_owned(),
-                expected: format!("{map_type:?}, key {key} B, value {value} B"),
-            });
-        };
-        let found = (
-            def.map_type(),
-            def.key_size() as usize,
-            def.value_size() as usize,
-        );
-        if found != (map_type as u32, key, value) {
-            return Err(DatapathError::ObjectMapLayout {
-                object: source.to_owned(),
-                map: name,
-                found: format!(
-                    "{}, key {} B, value {} B",
-                    MAP_LAYOUTS
-                        .iter()
-                        .find(|l| l.1 as u32 == found.0)
-                        .map_or_else(|| format!("map type {}", found.0), |l| format!("{:?}", l.1)),
-                    found.1,
-                    found.2
-                ),
-                expected: format!("{map_type:?}, key {key} B, value {value} B"),
+                map: spec.name,
+                found: found.map_or_else(|| "missing".to_owned(), layout_text),
+                expected: layout_text(expected),
             });
         }
     }
@@ -302,6 +188,78 @@ pub(in crate::datapath) fn check_object_maps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Maps an object holds that are not pinned: global data (`.rodata`,
+    /// `.data`, `.bss` sections), created afresh at every load.
+    fn is_global_data(name: &str) -> bool {
+        name.starts_with('.')
+    }
+
+    #[test]
+    fn every_map_of_the_object_is_declared_pinned_and_layout_checked() {
+        if OBJECT.is_empty() {
+            eprintln!("built with AYA_BUILD_SKIP=1: no object to compare");
+            return;
+        }
+        let obj = aya_obj::Object::parse(OBJECT).expect("the embedded object parses");
+        let mut names: Vec<&str> = obj
+            .maps
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !is_global_data(n))
+            .collect();
+        names.sort_unstable();
+        let mut declared: Vec<&str> = MAPS.iter().map(|m| m.name).collect();
+        declared.sort_unstable();
+        assert_eq!(
+            names, declared,
+            "the object's maps and rivet_common::MAPS differ: declare every map there"
+        );
+        for (name, def) in &obj.maps {
+            if is_global_data(name) {
+                continue;
+            }
+            let spec = rivet_common::map_spec(name).expect("declared");
+            assert_eq!(
+                (
+                    def.map_type(),
+                    def.key_size() as usize,
+                    def.value_size() as usize
+                ),
+                expected_layout(spec),
+                "{name}"
+            );
+            assert_eq!(def.max_entries(), spec.max_entries, "{name}");
+        }
+        // What the loader pins, and what both layout checks cover.
+        assert_eq!(
+            rivet_common::map_names::ALL.to_vec(),
+            MAPS.iter().map(|m| m.name).collect::<Vec<_>>()
+        );
+        check_object_maps(OBJECT, "embedded").expect("the embedded object has this build's maps");
+    }
+
+    #[test]
+    fn layouts_read_as_the_kernel_types() {
+        assert_eq!(
+            layout_text((MapKind::LruHash as u32, 16, 24)),
+            "LruHash, key 16 B, value 24 B"
+        );
+        assert_eq!(layout_text((99, 4, 4)), "map type 99, key 4 B, value 4 B");
+        use aya::maps::MapType;
+        // The kernel's numbers, as aya has them.
+        for (kind, aya_type) in [
+            (MapKind::Hash, MapType::Hash),
+            (MapKind::Array, MapType::Array),
+            (MapKind::PerCpuArray, MapType::PerCpuArray),
+            (MapKind::LruHash, MapType::LruHash),
+            (MapKind::LpmTrie, MapType::LpmTrie),
+            (MapKind::RingBuf, MapType::RingBuf),
+        ] {
+            assert_eq!(kind as u32, aya_type as u32, "{kind:?}");
+            assert_eq!(format!("{kind:?}"), format!("{aya_type:?}"));
+        }
+    }
 
     #[test]
     pub(in crate::datapath) fn the_stamp_is_found_and_the_hash_tells_objects_apart() {

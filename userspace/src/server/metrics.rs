@@ -53,16 +53,22 @@ pub struct Snapshot {
     pub ready: bool,
 }
 
-/// How a counter shows: the metric family and its label.
+/// How a counter shows: the metric of its family ([`rivet_common::Counter::family`],
+/// a name this build does not know counts as passed) and its label.
 fn family_of(name: &str) -> (&'static str, &'static str, &str) {
-    if let Some(reason) = name.strip_prefix("drop_") {
-        ("rivet_drop", "reason", reason)
-    } else if let Some(path) = name.strip_prefix("fwd_") {
-        ("rivet_forward", "path", path)
-    } else if name.starts_with("rev_") || name.starts_with("decap_") || name == "deliver_host" {
-        ("rivet_forward", "path", name)
-    } else {
-        ("rivet_pass", "reason", name)
+    use rivet_common::{Counter, CounterFamily};
+    match Counter::from_name(name).map_or(CounterFamily::Pass, Counter::family) {
+        CounterFamily::Drop => (
+            "rivet_drop",
+            "reason",
+            name.strip_prefix("drop_").unwrap_or(name),
+        ),
+        CounterFamily::Forward => (
+            "rivet_forward",
+            "path",
+            name.strip_prefix("fwd_").unwrap_or(name),
+        ),
+        CounterFamily::Pass => ("rivet_pass", "reason", name),
     }
 }
 

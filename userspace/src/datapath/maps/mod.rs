@@ -3,7 +3,9 @@
 //!
 //! `ENDPOINTS` (`max_endpoints`), `ROUTES` and `PEERS` (`max_routes`),
 //! `HOSTPORTS` (`max_hostports`) and `NAT` (`nat_max_entries`) are sized from
-//! the agent's configuration at load (`EbpfLoader::map_max_entries`); a pinned
+//! the agent's configuration at load (`EbpfLoader::map_max_entries`), as
+//! `rivet_common::MAPS` declares them (`FRAG_BUDGET` follows `max_endpoints`
+//! but, filled by the datapath only, refuses nothing); a pinned
 //! map keeps its size until `rivetd unload` (a warning says so). A full map's
 //! refusal (E2BIG from a hash, ENOSPC from the trie) becomes
 //! `DatapathError::MapFull{map, capacity, key}` and is counted per map; the
@@ -26,24 +28,57 @@ use aya::{
     Ebpf,
     maps::{MapData, MapError},
 };
-use rivet_common::map_names;
+use rivet_common::{MAPS, MapSizing};
 
+use crate::config::MapLimits;
 use crate::datapath::{Datapath, DatapathError, map_err};
 
-/// The maps the agent fills, with the configuration key sizing each.
-pub const SIZED_MAPS: [(&str, &str); 5] = [
-    (map_names::ENDPOINTS, "max_endpoints"),
-    (map_names::ROUTES, "max_routes"),
-    (map_names::PEERS, "max_routes"),
-    (map_names::HOSTPORTS, "max_hostports"),
-    (map_names::NAT, "nat_max_entries"),
-];
+/// How many maps of [`MAPS`] the agent fills and sizes from its configuration.
+const SIZED: usize = {
+    let mut n = 0;
+    let mut i = 0;
+    while i < MAPS.len() {
+        if let MapSizing::Configured(_) = MAPS[i].sizing {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
+/// The maps the agent fills, with the configuration key sizing each: the
+/// [`MapSizing::Configured`] maps of [`MAPS`], in its order.
+pub const SIZED_MAPS: [(&str, &str); SIZED] = {
+    let mut out = [("", ""); SIZED];
+    let mut n = 0;
+    let mut i = 0;
+    while i < MAPS.len() {
+        if let MapSizing::Configured(key) = MAPS[i].sizing {
+            out[n] = (MAPS[i].name, key);
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
+/// The capacity the configuration gives a map sized by `key` (a
+/// [`MapSizing`] key), if `key` is one.
+pub(in crate::datapath) fn configured_size(limits: &MapLimits, key: &str) -> Option<u32> {
+    match key {
+        "max_endpoints" => Some(limits.endpoints),
+        "max_routes" => Some(limits.routes),
+        "max_hostports" => Some(limits.hostports),
+        "nat_max_entries" => Some(limits.nat),
+        _ => None,
+    }
+}
 
 /// Entries refused because their map was full, per [`SIZED_MAPS`] slot,
 /// since the agent started (the NAT table's own pressure is counted by the
 /// datapath: evictions).
-pub(in crate::datapath) static MAP_FULL: [std::sync::atomic::AtomicU64; 5] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+pub(in crate::datapath) static MAP_FULL: [std::sync::atomic::AtomicU64; SIZED] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; SIZED];
 
 /// (map, entries refused because it was full) for every sized map.
 pub fn map_full_counts() -> Vec<(&'static str, u64)> {
@@ -94,11 +129,7 @@ impl Datapath {
     /// (capacity, kernel memory in bytes) of a pinned map: `max_entries`
     /// and the `memlock` the kernel reports for it in fdinfo.
     pub fn map_size(&self, name: &str) -> Result<(u32, u64), DatapathError> {
-        let name_static = map_names::ALL
-            .iter()
-            .copied()
-            .find(|n| *n == name)
-            .unwrap_or("map");
+        let name_static = rivet_common::map_spec(name).map_or("map", |m| m.name);
         let data = MapData::from_pin(self.layout.map(name)).map_err(map_err(name_static))?;
         let capacity = data.info().map_err(map_err(name_static))?.max_entries();
         let fdinfo = std::fs::read_to_string(format!(
@@ -112,5 +143,38 @@ impl Datapath {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         Ok((capacity, memory))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_configured_map_is_sized_by_a_known_key() {
+        let limits = MapLimits::default();
+        for spec in &MAPS {
+            match spec.sizing {
+                MapSizing::Fixed => {}
+                MapSizing::Configured(key) | MapSizing::Follows(key) => {
+                    assert_eq!(
+                        configured_size(&limits, key),
+                        Some(spec.max_entries),
+                        "{}: `{key}` sizes it and defaults to the object's capacity",
+                        spec.name
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            SIZED_MAPS.map(|(name, _)| name),
+            [
+                rivet_common::map_names::ENDPOINTS,
+                rivet_common::map_names::ROUTES,
+                rivet_common::map_names::PEERS,
+                rivet_common::map_names::HOSTPORTS,
+                rivet_common::map_names::NAT,
+            ]
+        );
     }
 }
