@@ -23,7 +23,7 @@ use rtnetlink::{
 };
 
 pub use self::messages::{format_mac, parse_mac};
-use self::messages::{link_info, route_info, veth_message};
+use self::messages::{link_info, route_info};
 
 /// A netlink failure, naming the operation and object.
 #[derive(Debug, thiserror::Error)]
@@ -138,25 +138,6 @@ impl Netlink {
         Ok(msgs.iter().map(link_info).collect())
     }
 
-    /// Creates a veth pair: `host` here and `peer` directly inside the
-    /// namespace `peer_netns` (never moved, so `peer` cannot clash with a
-    /// host name) with the MAC `peer_mac`. Both ends get `mtu`.
-    pub async fn create_veth(
-        &self,
-        host: &str,
-        peer: &str,
-        peer_netns: &std::fs::File,
-        mtu: u32,
-        peer_mac: [u8; 6],
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .link()
-            .add(veth_message(host, peer, peer_netns, mtu, peer_mac))
-            .execute()
-            .await
-            .map_err(ctx(format!("creating veth {host} (peer {peer})")))
-    }
-
     /// Creates a veth pair with both ends in this namespace.
     pub async fn create_veth_pair(&self, a: &str, b: &str, mtu: u32) -> Result<(), NetlinkError> {
         self.handle
@@ -259,22 +240,6 @@ impl Netlink {
             .map_err(ctx(format!("deleting link {name}")))
     }
 
-    /// Adds `addr/prefix` to a link.
-    pub async fn add_address(
-        &self,
-        index: u32,
-        name: &str,
-        addr: Ipv4Addr,
-        prefix: u8,
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .address()
-            .add(index, IpAddr::V4(addr), prefix)
-            .execute()
-            .await
-            .map_err(ctx(format!("adding {addr}/{prefix} to {name}")))
-    }
-
     /// Every IPv4 address of the namespace, with the ifindex holding it.
     pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Addr)>, NetlinkError> {
         let msgs: Vec<_> = self
@@ -372,80 +337,5 @@ impl Netlink {
                 _ => None,
             })
             .collect())
-    }
-
-    /// `ip route add <dst>/<len> dev <index> scope link`.
-    pub async fn add_link_route(
-        &self,
-        dst: Ipv4Addr,
-        prefix: u8,
-        index: u32,
-        name: &str,
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .route()
-            .add(messages::link_route(dst, prefix, index))
-            .execute()
-            .await
-            .map_err(ctx(format!("adding route {dst}/{prefix} dev {name}")))
-    }
-
-    /// `ip route add default via <gw> dev <index>`.
-    pub async fn add_default_route(
-        &self,
-        gateway: Ipv4Addr,
-        index: u32,
-        name: &str,
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .route()
-            .add(messages::route_via(
-                Ipv4Addr::UNSPECIFIED,
-                0,
-                gateway,
-                index,
-            ))
-            .execute()
-            .await
-            .map_err(ctx(format!(
-                "adding default route via {gateway} dev {name}"
-            )))
-    }
-
-    /// `ip route add <dst>/<len> via <gw> dev <index>`.
-    pub async fn add_route_via(
-        &self,
-        dst: Ipv4Addr,
-        prefix: u8,
-        gateway: Ipv4Addr,
-        index: u32,
-        name: &str,
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .route()
-            .add(messages::route_via(dst, prefix, gateway, index))
-            .execute()
-            .await
-            .map_err(ctx(format!(
-                "adding route {dst}/{prefix} via {gateway} dev {name}"
-            )))
-    }
-
-    /// Permanent neighbour entry `ip lladdr mac dev index`.
-    pub async fn add_permanent_neighbour(
-        &self,
-        index: u32,
-        name: &str,
-        ip: Ipv4Addr,
-        mac: [u8; 6],
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .neighbours()
-            .add(index, IpAddr::V4(ip))
-            .link_layer_address(&mac)
-            .replace()
-            .execute()
-            .await
-            .map_err(ctx(format!("adding neighbour {ip} on {name}")))
     }
 }

@@ -6,7 +6,6 @@ use aya::{
 };
 use rivet_common::{COUNTERS_MAX, Counter, StatsEntry, map_names};
 
-use crate::datapath::pins::PinLayout;
 use crate::datapath::{Datapath, DatapathError, map_err};
 
 pub(in crate::datapath) fn read_counters(
@@ -38,15 +37,6 @@ pub(in crate::datapath) fn sum_counters<T: std::borrow::Borrow<MapData>>(
         out.push((counter, sum));
     }
     Ok(out)
-}
-
-/// Reads the counters of a node from its pinned stats map, without loading
-/// anything (used by tests and tools that run beside the agent).
-pub fn pinned_counters(layout: &PinLayout) -> Result<Vec<(Counter, StatsEntry)>, DatapathError> {
-    let name = map_names::STATS;
-    let data = MapData::from_pin(layout.map(name)).map_err(map_err(name))?;
-    let stats = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(map_err(name))?;
-    sum_counters(&stats)
 }
 
 impl Datapath {
