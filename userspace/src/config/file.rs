@@ -357,10 +357,46 @@ mod tests {
         shown.sort();
         assert_eq!(shown, keys, "every key, once, in deploy/rivet.toml");
         // Its values are consistent too (with a node name for the host's).
-        super::super::AgentConfig::resolve(FileConfig {
+        let resolve = super::super::AgentConfig::resolve;
+        resolve(FileConfig {
             node_name: Some("node1".into()),
-            ..file
+            ..file.clone()
         })
         .expect("the example's values resolve");
+        // And, but for the ones that are examples of a choice, each is the
+        // default ("every option, with its default").
+        let examples = FileConfig {
+            node_name: Some("node1".into()),
+            etcd_endpoints: file.etcd_endpoints.clone(),
+            ..FileConfig::default()
+        };
+        assert_eq!(
+            resolve(FileConfig {
+                uplink: None,
+                mtu: None,
+                netns: None,
+                pin_dir: None,
+                state_dir: None,
+                socket_group: None,
+                ebpf_object: None,
+                no_masquerade: None,
+                ..examples.clone()
+            })
+            .expect("defaults"),
+            resolve(FileConfig {
+                uplink: None,
+                mtu: None,
+                netns: None,
+                pin_dir: None,
+                state_dir: None,
+                socket_group: None,
+                ebpf_object: None,
+                no_masquerade: None,
+                node_name: examples.node_name,
+                ..file
+            })
+            .expect("the example's values"),
+            "deploy/rivet.toml shows a value other than the default"
+        );
     }
 }
