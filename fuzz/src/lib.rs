@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | `cni_config` | `KEY=VALUE` environment lines, a blank line, stdin: `rivet_cni::{decode_config, add_inputs, error_json}`, the ADD result on any prevResult, CHECK's address lookup, the GC list | no panic; every error carries its spec code (4; 1/6/7; 4/7 for ADD) in the config's version |
 //! | `runtime_config` | portMappings, bandwidth, ips, `args.cni.ips`, `CNI_ARGS`, against an independent model of the rules | the `endpoint_add` the plugin would send decodes in the agent to exactly the same request |
-//! | `agent_request` | raw bytes into `agent::decode_request`; responses and monitor lines through the client's decoders | refusals are `bad_request`; accepted requests round-trip |
+//! | `agent_request` | raw bytes into `server::decode_request`; responses and monitor lines through the client's decoders | refusals are `bad_request`; accepted requests round-trip |
 //! | `state_loader` | up to 16 `#FILE name` blocks for the endpoints directory and the IPAM hint: `RecordDir::load_all`, in-place rewrites over arbitrary old content, `Ipam::open` + allocation with any hint | every record loaded exactly or reported unreadable; rewrites read back as written; round-robin continues after a restart |
 //! | `event_record` | ring-buffer bytes → `events::parse_record` → monitor event → client line | length check; fields at their ABI offsets; the line decodes back to the same event |
 //!

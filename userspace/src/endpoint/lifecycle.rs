@@ -36,7 +36,8 @@
 //!    the batch.
 //! 6. Ready record (rewritten in place, see the module `endpoint`).
 //!
-//! A failure at any step (`RIVET_FAIL_ADD_AT=<step>` injects one in tests) runs
+//! A failure at any step (tests inject one with rivetd's hidden
+//! `--test-fault-add-at <step>`, accepted only with `RIVET_TEST_FAULTS=1`) runs
 //! the rollback: attachment removed, map entry removed, veth deleted (its
 //! routes and neighbour go with it), record removed.
 //!

@@ -17,7 +17,7 @@
 //! `rivet_drop_*{reason}`, `fwd_*`/`rev_*`/`decap_*`/`deliver_host` →
 //! `rivet_forward_*{path}`, the rest → `rivet_pass_*{reason}`. The only state
 //! the agent keeps for metrics is the request-latency histogram family,
-//! observed in `Agent::handle` per request, labelled with the CNI verb it
+//! observed in `server::handle` per request, labelled with the CNI verb it
 //! serves (ADD = `endpoint_add`, DEL, CHECK, GC, STATUS) — internal status
 //! calls for scrapes and probes bypass it. Ready = the uplink (if configured)
 //! runs `from_uplink` (checked from the live links at each call) and, with
