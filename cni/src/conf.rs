@@ -4,7 +4,9 @@
 
 use std::{net::Ipv4Addr, path::PathBuf};
 
-use rivet_api::{Bandwidth, EndpointRef, IpRange, PodMeta, PortMapping, Protocol};
+use ipnet::Ipv4Net;
+
+use rivet_api::{Bandwidth, CNI_ID_PATTERN, EndpointRef, IpRange, PodMeta, PortMapping, Protocol};
 use serde::Deserialize;
 
 use crate::skel::{CniError, code, valid_id};
@@ -262,7 +264,7 @@ impl NetConf {
         })?;
         if !valid_id(&conf.name) {
             return Err(invalid(format!(
-                "invalid network name {:?}: must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$",
+                "invalid network name {:?}: must match {CNI_ID_PATTERN}",
                 conf.name
             )));
         }
@@ -336,7 +338,7 @@ impl NetConf {
         };
         ipam.routes
             .iter()
-            .map(|r| parse_cidr(&r.dst).map(|(ip, len)| format!("{ip}/{len}")))
+            .map(|r| route_destination(&r.dst).map(|net| net.to_string()))
             .collect()
     }
 
@@ -423,24 +425,12 @@ impl NetConf {
     }
 }
 
-/// Parses `a.b.c.d/len` (host bits must be zero).
-pub fn parse_cidr(text: &str) -> Result<(Ipv4Addr, u8), CniError> {
-    let bad = || invalid(format!("invalid route destination {text:?}"));
-    let (ip, len) = text.split_once('/').ok_or_else(bad)?;
-    let ip: Ipv4Addr = ip.parse().map_err(|_| bad())?;
-    let len: u8 = len.parse().map_err(|_| bad())?;
-    if len > 32 {
-        return Err(bad());
+/// A route destination: `a.b.c.d/len` with no host bits set.
+fn route_destination(text: &str) -> Result<Ipv4Net, CniError> {
+    match text.parse::<Ipv4Net>() {
+        Ok(net) if net.addr() == net.network() => Ok(net),
+        _ => Err(invalid(format!("invalid route destination {text:?}"))),
     }
-    let mask = if len == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(len))
-    };
-    if u32::from(ip) & !mask != 0 {
-        return Err(bad());
-    }
-    Ok((ip, len))
 }
 
 /// `CNI_ARGS`: `K=V;K2=V2`. Unknown keys are an error unless
@@ -640,11 +630,24 @@ mod tests {
     #[test]
     fn cidrs() {
         assert_eq!(
-            parse_cidr("10.0.0.0/8").expect("ok"),
-            ("10.0.0.0".parse().expect("ip"), 8)
+            route_destination("10.0.0.0/8").expect("ok").to_string(),
+            "10.0.0.0/8"
         );
-        assert!(parse_cidr("10.0.0.1/8").is_err());
-        assert!(parse_cidr("10.0.0.0/33").is_err());
-        assert!(parse_cidr("nope").is_err());
+        assert_eq!(
+            route_destination("0.0.0.0/0").expect("ok").to_string(),
+            "0.0.0.0/0"
+        );
+        for bad in [
+            "10.0.0.1/8",
+            "10.0.0.0/33",
+            "nope",
+            "10.0.0.0",
+            "10.0.0.0/",
+            "::/0",
+        ] {
+            let e = route_destination(bad).expect_err(bad);
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad:?}");
+            assert_eq!(e.msg, format!("invalid route destination {bad:?}"));
+        }
     }
 }

@@ -134,11 +134,10 @@ pub struct Args {
     pub netns_override: bool,
 }
 
-/// Container IDs as libcni validates them: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
+/// Container IDs (and network names) as libcni validates them:
+/// [`rivet_api::CNI_ID_PATTERN`], the agent's rule too.
 pub fn valid_id(id: &str) -> bool {
-    let mut chars = id.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+    rivet_api::check_cni_id("container ID", id).is_ok()
 }
 
 /// Interface names as libcni validates them.
@@ -200,7 +199,7 @@ pub fn parse_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Args, CniError>
         return Err(CniError::new(
             code::INVALID_ENV,
             format!("invalid CNI_CONTAINERID {container_id:?}"),
-            "must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$",
+            format!("must match {}", rivet_api::CNI_ID_PATTERN),
         ));
     }
     let ifname = var("CNI_IFNAME").unwrap_or_default();

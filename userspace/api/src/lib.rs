@@ -45,6 +45,28 @@ pub fn default_ifname() -> String {
     "eth0".to_owned()
 }
 
+/// What libcni allows as a container ID, and the CNI spec as a network name.
+pub const CNI_ID_PATTERN: &str = r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$";
+
+/// Checks a container ID or a network name (`what` names which in the
+/// error) against [`CNI_ID_PATTERN`]; the error says what is wrong. The
+/// agent and the CNI plugin both validate with it.
+pub fn check_cni_id(what: &str, value: &str) -> Result<(), String> {
+    let mut chars = value.chars();
+    match chars.next() {
+        None => Err(format!("{what} is empty")),
+        Some(c) if !c.is_ascii_alphanumeric() => Err(format!(
+            "{what} {value:?} must start with a letter or digit"
+        )),
+        Some(_) if !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) => {
+            Err(format!(
+                "{what} {value:?} may only contain letters, digits, '_', '.' and '-'"
+            ))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 /// What a client asks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -895,6 +917,29 @@ impl<R: std::io::Read> std::io::Read for Counted<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cni_ids_follow_the_libcni_pattern() {
+        for good in ["a", "a1_b.c-d", "ABC123", "0-"] {
+            assert_eq!(check_cni_id("container ID", good), Ok(()), "{good:?}");
+        }
+        for (bad, why) in [
+            ("", "container ID is empty"),
+            ("-a", "must start with a letter or digit"),
+            ("_a", "must start with a letter or digit"),
+            ("a/b", "may only contain"),
+            ("a b", "may only contain"),
+            ("é", "must start with a letter or digit"),
+        ] {
+            let e = check_cni_id("container ID", bad).expect_err(bad);
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        assert!(
+            check_cni_id("network name", "net/1")
+                .expect_err("slash")
+                .starts_with("network name")
+        );
+    }
 
     #[test]
     fn requests_round_trip() {

@@ -132,36 +132,15 @@ pub use crate::config::FAULT_STEPS;
 
 pub use rivet_api::host_ifname;
 
-/// Container IDs as libcni validates them: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
+/// Container IDs as libcni validates them ([`rivet_api::CNI_ID_PATTERN`],
+/// the plugin's rule too).
 pub fn validate_container_id(id: &str) -> Result<(), String> {
-    let mut chars = id.chars();
-    match chars.next() {
-        None => return Err("container ID is empty".into()),
-        Some(c) if !c.is_ascii_alphanumeric() => {
-            return Err(format!(
-                "container ID {id:?} must start with a letter or digit"
-            ));
-        }
-        Some(_) => {}
-    }
-    if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-') {
-        return Err(format!(
-            "container ID {id:?} may only contain letters, digits, '_', '.' and '-'"
-        ));
-    }
-    Ok(())
+    rivet_api::check_cni_id("container ID", id)
 }
 
-/// A CNI network name as the spec allows it (`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`).
+/// A CNI network name as the spec allows it ([`rivet_api::CNI_ID_PATTERN`]).
 pub fn validate_network_name(name: &str) -> Result<(), String> {
-    let mut chars = name.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
-    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
-        return Err(format!(
-            "network name {name:?} must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
-        ));
-    }
-    Ok(())
+    rivet_api::check_cni_id("network name", name)
 }
 
 /// Node settings the endpoint manager needs.

@@ -7,25 +7,19 @@
 
 use std::net::Ipv4Addr;
 
+use rivet_netlink::{RouteSocket, socket::CREATE};
 use rtnetlink::{
-    LinkMessageBuilder, LinkUnspec,
-    packet_core::{
-        ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE,
-        NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-    },
-    packet_route::{RouteNetlinkMessage, link::LinkAttribute},
-    sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
+    packet_core::{ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST},
+    packet_route::RouteNetlinkMessage,
 };
 
 use super::{
     LinkInfo, NetlinkError,
     messages::{
-        BpfFilter, address, bpf_filter, clsact, link_info, link_route, link_up,
-        permanent_neighbour, route_via, veth_message,
+        BpfFilter, address, bpf_filter, clsact, link_route, link_up, permanent_neighbour,
+        route_via, veth_message,
     },
 };
-
-const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
 
 /// One request of a batch.
 struct Request {
@@ -146,118 +140,55 @@ impl Batch {
 /// A blocking route netlink socket, in the namespace of the thread that
 /// opened it.
 pub struct SyncNetlink {
-    socket: Socket,
-    seq: u32,
-    buf: Vec<u8>,
+    socket: RouteSocket,
 }
 
-/// A socket error as the netlink error the async path would report.
-fn io_error(op: &str, e: &std::io::Error) -> NetlinkError {
-    let mut m = ErrorMessage::default();
-    m.code = std::num::NonZeroI32::new(-e.raw_os_error().unwrap_or(libc::EPROTO));
+/// A failed exchange as the netlink error the async path would report:
+/// the kernel's answer, else the errno of the socket failure (`EPROTO` for
+/// a message that does not parse).
+fn nl_error(op: String, e: rivet_netlink::Error) -> NetlinkError {
+    let message = match e {
+        rivet_netlink::Error::Kernel(m) => m,
+        other => {
+            let mut m = ErrorMessage::default();
+            m.code = std::num::NonZeroI32::new(-other.errno());
+            m
+        }
+    };
     NetlinkError {
-        op: op.to_owned(),
-        source: rtnetlink::Error::NetlinkError(m),
+        op,
+        source: rtnetlink::Error::NetlinkError(message),
     }
-}
-
-/// A message the kernel sent that does not parse.
-fn decode_error(op: &str) -> NetlinkError {
-    io_error(op, &std::io::Error::from_raw_os_error(libc::EPROTO))
 }
 
 impl SyncNetlink {
     /// Opens a socket in the calling thread's namespace.
     pub fn open() -> std::io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
-        // Errors come back as bare codes: the request is not echoed.
-        socket.set_cap_ack(true)?;
         Ok(Self {
-            socket,
-            seq: 0,
-            buf: vec![0; 64 * 1024],
+            socket: RouteSocket::open()?,
         })
-    }
-
-    fn frame(&mut self, flags: u16, msg: RouteNetlinkMessage) -> (u32, Vec<u8>) {
-        self.seq = self.seq.wrapping_add(1);
-        let mut header = NetlinkHeader::default();
-        header.flags = flags;
-        header.sequence_number = self.seq;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
-        packet.finalize();
-        let mut bytes = vec![0; packet.buffer_len()];
-        packet.serialize(&mut bytes);
-        (self.seq, bytes)
-    }
-
-    /// Reads messages until `done` says the exchange is complete.
-    fn receive(
-        &mut self,
-        op: &str,
-        mut on: impl FnMut(NetlinkMessage<RouteNetlinkMessage>) -> Result<bool, NetlinkError>,
-    ) -> Result<(), NetlinkError> {
-        loop {
-            let n = self
-                .socket
-                .recv(&mut &mut self.buf[..], 0)
-                .map_err(|e| io_error(op, &e))?;
-            let mut offset = 0;
-            while offset < n {
-                let slice = &self.buf[offset..n];
-                let len = NetlinkBuffer::new_checked(slice)
-                    .map_err(|_| decode_error(op))?
-                    .length() as usize;
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&slice[..len])
-                    .map_err(|_| decode_error(op))?;
-                offset += (len + 3) & !3;
-                if on(msg)? {
-                    return Ok(());
-                }
-            }
-        }
     }
 
     /// Sends every request of `batch` in one write and waits for all the
     /// acknowledgements; the first failure (in request order) is returned.
     pub fn run(&mut self, batch: Batch) -> Result<(), NetlinkError> {
-        if batch.requests.is_empty() {
+        let Some(first) = batch.requests.first() else {
             return Ok(());
-        }
-        let mut bytes = Vec::new();
-        let mut ops = Vec::new();
+        };
+        let first_op = first.op.clone();
+        let mut ops = Vec::with_capacity(batch.requests.len());
+        let mut messages = Vec::with_capacity(batch.requests.len());
         for r in batch.requests {
-            let (seq, frame) = self.frame(r.flags, r.msg);
-            bytes.extend_from_slice(&frame);
-            ops.push((seq, r.op, None, r.tolerated));
+            ops.push((r.op, r.tolerated));
+            messages.push((r.flags, r.msg));
         }
-        let first_op = ops[0].1.clone();
-        self.socket
-            .send(&bytes, 0)
-            .map_err(|e| io_error(&first_op, &e))?;
-        let mut pending = ops.len();
-        self.receive(&first_op, |msg| {
-            if let NetlinkPayload::Error(e) = msg.payload
-                && let Some(slot) = ops
-                    .iter_mut()
-                    .find(|(seq, _, done, _)| *seq == msg.header.sequence_number && done.is_none())
-            {
-                slot.2 = Some(e);
-                pending -= 1;
-            }
-            Ok(pending == 0)
-        })?;
-        for (_, op, answer, tolerated) in ops {
-            if let Some(e) = answer
-                && e.code.is_some()
-                && Some(e.raw_code()) != tolerated
-            {
-                return Err(NetlinkError {
-                    op,
-                    source: rtnetlink::Error::NetlinkError(e),
-                });
+        let answers = self
+            .socket
+            .acknowledge(messages)
+            .map_err(|e| nl_error(first_op, e))?;
+        for ((op, tolerated), answer) in ops.into_iter().zip(answers) {
+            if answer.code.is_some() && Some(answer.raw_code()) != tolerated {
+                return Err(nl_error(op, rivet_netlink::Error::Kernel(answer)));
             }
         }
         Ok(())
@@ -277,76 +208,16 @@ impl SyncNetlink {
         mtu: u32,
         peer_mac: [u8; 6],
     ) -> Result<Option<LinkInfo>, NetlinkError> {
-        let op = format!("creating veth {host} (peer {peer})");
-        let msg = veth_message(host, peer, peer_netns, mtu, peer_mac);
-        let (seq, frame) = self.frame(CREATE | NLM_F_ECHO, RouteNetlinkMessage::NewLink(msg));
-        self.socket.send(&frame, 0).map_err(|e| io_error(&op, &e))?;
-        let mut echoed = None;
-        let mut failed = None;
-        self.receive(&op, |msg| {
-            if msg.header.sequence_number != seq {
-                return Ok(false);
-            }
-            match msg.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
-                    let info = link_info(&link);
-                    if info.name == host {
-                        echoed = Some(info);
-                    }
-                    Ok(false)
-                }
-                NetlinkPayload::Error(e) => {
-                    if e.code.is_some() {
-                        failed = Some(e);
-                    }
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })?;
-        match failed {
-            Some(e) => Err(NetlinkError {
-                op,
-                source: rtnetlink::Error::NetlinkError(e),
-            }),
-            None => Ok(echoed),
-        }
+        self.socket
+            .create_link(host, veth_message(host, peer, peer_netns, mtu, peer_mac))
+            .map_err(|e| nl_error(format!("creating veth {host} (peer {peer})"), e))
     }
 
     /// The link called `name`, if it exists.
     pub fn link_by_name(&mut self, name: &str) -> Result<Option<LinkInfo>, NetlinkError> {
-        let op = format!("looking up link {name}");
-        let mut msg = LinkMessageBuilder::<LinkUnspec>::default().build();
-        msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
-        let (seq, frame) = self.frame(NLM_F_REQUEST, RouteNetlinkMessage::GetLink(msg));
-        self.socket.send(&frame, 0).map_err(|e| io_error(&op, &e))?;
-        let mut found = None;
-        let mut failed = None;
-        self.receive(&op, |msg| {
-            if msg.header.sequence_number != seq {
-                return Ok(false);
-            }
-            match msg.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
-                    found = Some(link_info(&link));
-                    Ok(true)
-                }
-                NetlinkPayload::Error(e) => {
-                    if e.raw_code() != -libc::ENODEV {
-                        failed = Some(e);
-                    }
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })?;
-        match failed {
-            Some(e) => Err(NetlinkError {
-                op,
-                source: rtnetlink::Error::NetlinkError(e),
-            }),
-            None => Ok(found),
-        }
+        self.socket
+            .link_by_name(name)
+            .map_err(|e| nl_error(format!("looking up link {name}"), e))
     }
 }
 
@@ -355,24 +226,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn frames_are_aligned_and_numbered() {
-        let mut nl = SyncNetlink::open().expect("netlink socket");
-        let (a, fa) = nl.frame(
-            CREATE,
-            RouteNetlinkMessage::NewRoute(link_route(Ipv4Addr::new(10, 0, 0, 1), 32, 7)),
-        );
-        let (b, _) = nl.frame(CREATE, RouteNetlinkMessage::SetLink(link_up(7)));
-        assert_eq!(b, a.wrapping_add(1));
-        assert_eq!(fa.len() % 4, 0);
-        let buf = NetlinkBuffer::new_checked(&fa[..]).expect("frame");
-        assert_eq!(buf.length() as usize, fa.len());
-    }
-
-    #[test]
     fn loopback_is_found_and_missing_links_are_none() {
         let mut nl = SyncNetlink::open().expect("netlink socket");
         let lo = nl.link_by_name("lo").expect("lookup").expect("lo exists");
         assert_eq!(lo.index, 1);
         assert!(nl.link_by_name("rv-no-such").expect("lookup").is_none());
+        nl.run(Batch::new()).expect("an empty batch sends nothing");
+    }
+
+    #[test]
+    fn failures_keep_the_kernel_errno() {
+        let e = nl_error(
+            "x".to_owned(),
+            rivet_netlink::Error::Io(std::io::Error::from_raw_os_error(libc::EPERM)),
+        );
+        assert_eq!(e.errno(), Some(libc::EPERM));
+        let e = nl_error(
+            "y".to_owned(),
+            rivet_netlink::Error::Decode("short".to_owned()),
+        );
+        assert_eq!(e.errno(), Some(libc::EPROTO));
     }
 }

@@ -1,9 +1,10 @@
 //! rtnetlink operations, each with context in its error. A [`Netlink`] is
 //! bound to the namespace of the thread that created its socket.
 //!
-//! The messages themselves are built and read in [`messages`]; [`batch`]
-//! sends many in one write, without a runtime; [`netns`] runs work inside
-//! another network namespace.
+//! The messages themselves are built and read in [`messages`] (from
+//! `rivet-netlink`, which the CNI plugin shares); [`batch`] sends many in
+//! one write, without a runtime, on its blocking socket; [`netns`] runs
+//! work inside another network namespace.
 
 pub mod batch;
 pub mod messages;
@@ -18,7 +19,7 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::LinkMessage,
-        route::{RouteAttribute, RouteHeader, RouteMessage, RouteScope},
+        route::{RouteHeader, RouteMessage},
     },
 };
 
@@ -56,38 +57,7 @@ impl NetlinkError {
 #[error("opening a netlink socket: {0}")]
 pub struct ConnectError(#[from] std::io::Error);
 
-/// Facts about a link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkInfo {
-    /// ifindex.
-    pub index: u32,
-    /// Name.
-    pub name: String,
-    /// MAC address (zeros if none).
-    pub mac: [u8; 6],
-    /// MTU.
-    pub mtu: u32,
-    /// Link kind ("veth", "bridge", ...), if any.
-    pub kind: Option<String>,
-    /// `IFLA_LINK`: for a veth, its peer's ifindex (in the peer's
-    /// namespace); for a vlan and the like, the parent's.
-    pub link: Option<u32>,
-}
-
-/// An IPv4 route of the main table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteInfo {
-    /// Destination network address (0.0.0.0 for default).
-    pub dst: Ipv4Addr,
-    /// Prefix length.
-    pub prefix: u8,
-    /// Gateway, if any.
-    pub gateway: Option<Ipv4Addr>,
-    /// Output interface index, if any.
-    pub oif: Option<u32>,
-    /// True for scope link.
-    pub scope_link: bool,
-}
+pub use rivet_netlink::{LinkInfo, RouteInfo};
 
 /// A netlink route socket and its handle.
 #[derive(Clone)]
@@ -196,22 +166,9 @@ impl Netlink {
         src: Ipv4Addr,
         mtu: Option<u32>,
     ) -> Result<(), NetlinkError> {
-        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst, prefix)
-            .output_interface(index)
-            .pref_source(src)
-            .scope(RouteScope::Link);
-        if let Some(mtu) = mtu {
-            builder
-                .get_mut()
-                .attributes
-                .push(RouteAttribute::Metrics(vec![
-                    rtnetlink::packet_route::route::RouteMetric::Mtu(mtu),
-                ]));
-        }
         self.handle
             .route()
-            .add(builder.build())
+            .add(messages::link_route_src(dst, prefix, index, src, mtu))
             .replace()
             .execute()
             .await

@@ -1,0 +1,354 @@
+//! Building and reading rtnetlink messages: pure functions, no socket.
+//! [`RouteSocket`](crate::RouteSocket) sends them; so does the agent's
+//! async handle.
+
+use std::{net::Ipv4Addr, os::fd::RawFd};
+
+use netlink_packet_route::{
+    AddressFamily,
+    address::{AddressAttribute, AddressMessage},
+    link::{self, InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+        RouteScope, RouteType,
+    },
+    tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
+};
+
+/// Facts about a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// ifindex.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MAC address (zeros if none).
+    pub mac: [u8; 6],
+    /// MTU.
+    pub mtu: u32,
+    /// Link kind ("veth", "bridge", ...), if any.
+    pub kind: Option<String>,
+    /// `IFLA_LINK`: for a veth, its peer's ifindex (in the peer's
+    /// namespace); for a vlan and the like, the parent's.
+    pub link: Option<u32>,
+}
+
+/// An IPv4 route of the main table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Destination network address (0.0.0.0 for default).
+    pub dst: Ipv4Addr,
+    /// Prefix length.
+    pub prefix: u8,
+    /// Gateway, if any.
+    pub gateway: Option<Ipv4Addr>,
+    /// Output interface index, if any.
+    pub oif: Option<u32>,
+    /// True for scope link.
+    pub scope_link: bool,
+}
+
+/// An IPv4 unicast route of the main table, static, scope universe, with
+/// no attribute yet.
+fn route() -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = AddressFamily::Inet;
+    msg.header.table = RouteHeader::RT_TABLE_MAIN;
+    msg.header.protocol = RouteProtocol::Static;
+    msg.header.scope = RouteScope::Universe;
+    msg.header.kind = RouteType::Unicast;
+    msg
+}
+
+/// Sets the destination `dst/prefix` of a route.
+fn destination(msg: &mut RouteMessage, dst: Ipv4Addr, prefix: u8) {
+    msg.header.destination_prefix_length = prefix;
+    msg.attributes
+        .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
+}
+
+/// `ip route add <dst>/<len> dev <index> scope link`.
+pub fn link_route(dst: Ipv4Addr, prefix: u8, index: u32) -> RouteMessage {
+    let mut msg = route();
+    destination(&mut msg, dst, prefix);
+    msg.attributes.push(RouteAttribute::Oif(index));
+    msg.header.scope = RouteScope::Link;
+    msg
+}
+
+/// `ip route replace <dst>/<len> dev <index> src <src> scope link [mtu M]`.
+pub fn link_route_src(
+    dst: Ipv4Addr,
+    prefix: u8,
+    index: u32,
+    src: Ipv4Addr,
+    mtu: Option<u32>,
+) -> RouteMessage {
+    let mut msg = link_route(dst, prefix, index);
+    msg.attributes
+        .push(RouteAttribute::PrefSource(RouteAddress::Inet(src)));
+    if let Some(mtu) = mtu {
+        msg.attributes
+            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    }
+    msg
+}
+
+/// `ip route add <dst>/<len> via <gw> dev <index>` (`/0`: the default route).
+pub fn route_via(dst: Ipv4Addr, prefix: u8, gateway: Ipv4Addr, index: u32) -> RouteMessage {
+    let mut msg = route();
+    if prefix != 0 {
+        destination(&mut msg, dst, prefix);
+    }
+    msg.attributes
+        .push(RouteAttribute::Gateway(RouteAddress::Inet(gateway)));
+    msg.attributes.push(RouteAttribute::Oif(index));
+    msg
+}
+
+/// `ip addr add <addr>/<prefix> dev <index>` (with its broadcast address
+/// below /31, as `ip` sets it).
+pub fn address(index: u32, addr: Ipv4Addr, prefix: u8) -> AddressMessage {
+    let mut msg = AddressMessage::default();
+    msg.header.family = AddressFamily::Inet;
+    msg.header.index = index;
+    msg.header.prefix_len = prefix;
+    if !addr.is_multicast() {
+        msg.attributes.push(AddressAttribute::Address(addr.into()));
+        msg.attributes.push(AddressAttribute::Local(addr.into()));
+        if prefix < 31 {
+            let broadcast = u32::MAX >> u32::from(prefix) | u32::from(addr);
+            msg.attributes
+                .push(AddressAttribute::Broadcast(Ipv4Addr::from(broadcast)));
+        }
+    }
+    msg
+}
+
+/// `ip neigh replace <ip> lladdr <mac> dev <index> nud permanent`.
+pub fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessage {
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = AddressFamily::Inet;
+    msg.header.ifindex = index;
+    msg.header.state = NeighbourState::Permanent;
+    msg.header.kind = RouteType::Unspec;
+    msg.attributes
+        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    msg.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+    msg
+}
+
+/// `ip link set <index> up`.
+pub fn link_up(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.header.flags |= LinkFlags::Up;
+    msg.header.change_mask |= LinkFlags::Up;
+    msg
+}
+
+/// The link called `name` (to look it up or delete it: `ip link show|del
+/// <name>`).
+pub fn link_named(name: &str) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    msg
+}
+
+/// The loopback device's ifindex, the same in every network namespace.
+pub const LOOPBACK_IFINDEX: u32 = 1;
+
+/// `ETH_P_ALL` in network order, the protocol of a filter that sees all.
+const ETH_P_ALL_BE: u32 = 0x0300;
+
+/// `tc qdisc add dev <index> clsact`.
+pub fn clsact(index: u32) -> TcMessage {
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = TcHandle::CLSACT;
+    msg.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    msg.attributes.push(TcAttribute::Kind("clsact".into()));
+    msg
+}
+
+/// A direct-action `cls_bpf` filter on the clsact hook of `index`.
+#[derive(Debug, Clone)]
+pub struct BpfFilter<'a> {
+    /// Ingress (else egress) hook.
+    pub ingress: bool,
+    /// Filter priority.
+    pub priority: u16,
+    /// Filter handle.
+    pub handle: u32,
+    /// The loaded program.
+    pub prog_fd: RawFd,
+    /// Its name (shown by `tc filter show`).
+    pub prog_name: &'a str,
+}
+
+/// `tc filter replace dev <index> ingress|egress prio P handle H bpf da fd F`.
+pub fn bpf_filter(index: u32, f: &BpfFilter<'_>) -> TcMessage {
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = TcHandle {
+        major: 0xffff,
+        minor: if f.ingress {
+            TcHandle::MIN_INGRESS
+        } else {
+            TcHandle::MIN_EGRESS
+        },
+    };
+    msg.header.handle = f.handle.into();
+    msg.header.info = u32::from(f.priority) << 16 | ETH_P_ALL_BE;
+    msg.attributes.push(TcAttribute::Kind("bpf".into()));
+    msg.attributes.push(TcAttribute::Options(vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(f.prog_fd as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(f.prog_name.to_owned())),
+        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+    ]));
+    msg
+}
+
+/// The request creating veth `host` with its peer `peer` inside the
+/// namespace open as `peer_netns`, both with `mtu`, the peer with MAC
+/// `peer_mac`.
+pub fn veth(host: &str, peer: &str, peer_netns: RawFd, mtu: u32, peer_mac: [u8; 6]) -> LinkMessage {
+    let mut peer_msg = LinkMessage::default();
+    peer_msg.attributes = vec![
+        LinkAttribute::IfName(peer.to_owned()),
+        LinkAttribute::NetNsFd(peer_netns),
+        LinkAttribute::Mtu(mtu),
+        LinkAttribute::Address(peer_mac.to_vec()),
+    ];
+    let mut msg = LinkMessage::default();
+    msg.attributes = vec![
+        LinkAttribute::IfName(host.to_owned()),
+        LinkAttribute::Mtu(mtu),
+        LinkAttribute::LinkInfo(vec![
+            link::LinkInfo::Kind(InfoKind::Veth),
+            link::LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+        ]),
+    ];
+    msg
+}
+
+/// The link a message describes.
+pub fn link_info(msg: &LinkMessage) -> LinkInfo {
+    let mut info = LinkInfo {
+        index: msg.header.index,
+        name: String::new(),
+        mac: [0; 6],
+        mtu: 0,
+        kind: None,
+        link: None,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => info.name.clone_from(n),
+            LinkAttribute::Address(a) if a.len() == 6 => info.mac.copy_from_slice(a),
+            LinkAttribute::Mtu(m) => info.mtu = *m,
+            LinkAttribute::Link(l) => info.link = Some(*l),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let link::LinkInfo::Kind(k) = i {
+                        info.kind = Some(k.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+/// The route a dump message describes.
+pub fn route_info(msg: &RouteMessage) -> RouteInfo {
+    let mut r = RouteInfo {
+        dst: Ipv4Addr::UNSPECIFIED,
+        prefix: msg.header.destination_prefix_length,
+        gateway: None,
+        oif: None,
+        scope_link: msg.header.scope == RouteScope::Link,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => r.dst = *ip,
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => r.gateway = Some(*ip),
+            RouteAttribute::Oif(i) => r.oif = Some(*i),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Formats a MAC as `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_round_trip() {
+        let mac = [0x02, 0xab, 0, 1, 0x10, 0xff];
+        assert_eq!(format_mac(&mac), "02:ab:00:01:10:ff");
+        assert_eq!(parse_mac("02:ab:00:01:10:ff"), Some(mac));
+        assert_eq!(parse_mac("02:ab:00:01:10"), None);
+        assert_eq!(parse_mac("02:ab:00:01:10:ff:00"), None);
+        assert_eq!(parse_mac("zz:ab:00:01:10:ff"), None);
+    }
+
+    #[test]
+    fn routes_read_back_as_built() {
+        let dst = Ipv4Addr::new(10, 244, 1, 2);
+        let r = route_info(&link_route(dst, 32, 7));
+        assert_eq!(
+            r,
+            RouteInfo {
+                dst,
+                prefix: 32,
+                gateway: None,
+                oif: Some(7),
+                scope_link: true
+            }
+        );
+        let gw = Ipv4Addr::new(169, 254, 1, 1);
+        let d = route_info(&route_via(Ipv4Addr::UNSPECIFIED, 0, gw, 3));
+        assert_eq!(
+            (d.dst, d.prefix, d.gateway, d.oif),
+            (Ipv4Addr::UNSPECIFIED, 0, Some(gw), Some(3))
+        );
+        assert!(!d.scope_link);
+    }
+
+    #[test]
+    fn links_read_back_as_built() {
+        let v = link_info(&veth("rv1", "eth0", 5, 1450, [2, 0, 0, 0, 0, 1]));
+        assert_eq!(
+            (v.name.as_str(), v.mtu, v.kind.as_deref()),
+            ("rv1", 1450, Some("veth"))
+        );
+        assert_eq!(link_info(&link_named("rv2")).name, "rv2");
+        let up = link_up(4);
+        assert_eq!(up.header.index, 4);
+        assert!(up.header.flags.contains(LinkFlags::Up));
+    }
+}
