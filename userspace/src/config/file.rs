@@ -187,23 +187,14 @@ impl FileConfig {
         })
     }
 
-    /// The flags given in `matches` (a command built with these knobs,
-    /// `#[command(flatten)]`) over the values of `self`: each flag given
-    /// replaces its key, the others stay.
+    /// The flags given in `matches` over the values of `self`: each flag
+    /// given replaces its key, the others stay. `matches` comes from a
+    /// command that has the knobs as flags (`FileConfig::augment_args`, as
+    /// rivetd builds its command line).
     pub fn with_flags(mut self, matches: &clap::ArgMatches) -> Result<Self, ConfigError> {
         clap::FromArgMatches::update_from_arg_matches(&mut self, matches)
             .map_err(|e| ConfigError::Flags(e.to_string().trim().to_owned()))?;
         Ok(self)
-    }
-
-    /// The keys, in definition order (each is also the flag `--<key with
-    /// '-' for '_'>`).
-    pub fn keys() -> Vec<String> {
-        use clap::Args as _;
-        Self::augment_args(clap::Command::new("keys"))
-            .get_arguments()
-            .map(|a| a.get_id().as_str().to_owned())
-            .collect()
     }
 }
 
@@ -214,6 +205,15 @@ mod tests {
     use clap::Args as _;
 
     use super::*;
+
+    /// The keys, in definition order (each is also the flag `--<key with
+    /// '-' for '_'>`), from clap's view of the knobs.
+    fn keys() -> Vec<String> {
+        FileConfig::augment_args(clap::Command::new("keys"))
+            .get_arguments()
+            .map(|a| a.get_id().as_str().to_owned())
+            .collect()
+    }
 
     fn flags(args: &[&str]) -> clap::ArgMatches {
         FileConfig::augment_args(clap::Command::new("rivetd"))
@@ -298,8 +298,8 @@ mod tests {
 
     #[test]
     fn the_file_and_the_flags_have_the_same_keys() {
-        let flags: BTreeSet<String> = FileConfig::keys().into_iter().collect();
-        assert_eq!(flags.len(), FileConfig::keys().len(), "no key twice");
+        let flags: BTreeSet<String> = keys().into_iter().collect();
+        assert_eq!(flags.len(), keys().len(), "no key twice");
         assert_eq!(serde_keys(), flags);
     }
 
@@ -322,7 +322,7 @@ mod tests {
             named.len(),
             "a key twice in README.md: {named:?}"
         );
-        let keys = FileConfig::keys();
+        let keys = keys();
         let keys: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
         assert_eq!(
             set, keys,
@@ -352,7 +352,7 @@ mod tests {
             .collect();
         let file = FileConfig::from_toml(&uncommented)
             .unwrap_or_else(|e| panic!("the example's values: {e}\n{uncommented}"));
-        let mut keys = FileConfig::keys();
+        let mut keys = keys();
         keys.sort();
         shown.sort();
         assert_eq!(shown, keys, "every key, once, in deploy/rivet.toml");
