@@ -203,19 +203,19 @@ pub fn decode(ev: &Event) -> MonitorEvent {
     let (proto, src, dst, icmp) = match ev.proto {
         0 => (String::new(), String::new(), String::new(), None),
         1 => (
-            "icmp".into(),
+            rivet_api::Protocol::Icmp.to_string(),
             addr(ev.src).to_string(),
             addr(ev.dst).to_string(),
             Some(format!("{}/{}", ev.sport, ev.dport)),
         ),
         p @ (6 | 17) => (
-            if p == 6 { "tcp" } else { "udp" }.into(),
+            rivet_api::Protocol::from_number(p).to_string(),
             format!("{}:{}", addr(ev.src), u16::from_be(ev.sport)),
             format!("{}:{}", addr(ev.dst), u16::from_be(ev.dport)),
             None,
         ),
         p => (
-            p.to_string(),
+            rivet_api::Protocol::from_number(p).to_string(),
             addr(ev.src).to_string(),
             addr(ev.dst).to_string(),
             None,

@@ -50,10 +50,12 @@ use rivet_common::{
     nat_flags, nat_pod_slot,
 };
 
+use rivet_api::Protocol;
+
 use crate::config::NatSettings;
 
-const TCP: u8 = 6;
-const UDP: u8 = 17;
+const TCP: u8 = Protocol::Tcp.number();
+const UDP: u8 = Protocol::Udp.number();
 /// A TCP flow that never saw a reply.
 const TCP_SYN_TIMEOUT_S: u64 = 60;
 /// An ICMP echo flow.
@@ -89,6 +91,103 @@ pub enum NatError {
         #[source]
         source: MapError,
     },
+}
+
+/// One page of a pinned map's entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    /// The entries of the page, in the map's order.
+    pub items: Vec<T>,
+    /// The offset of the next page, when the map may hold more.
+    pub next: Option<usize>,
+    /// Entries read (matching or not), and whether that was all of them.
+    pub read: usize,
+    /// The whole map was read.
+    pub complete: bool,
+}
+
+/// The entries of `map` that `keep` accepts, after the first `offset` of
+/// them, at most `limit`: the map is read in its order only as far as the
+/// page needs (one entry beyond it, to tell whether there is a next page).
+/// A map changing meanwhile may shift entries between pages.
+fn page_of<K, V>(
+    entries: impl Iterator<Item = (K, V)>,
+    keep: impl Fn(&K, &V) -> bool,
+    offset: usize,
+    limit: usize,
+) -> Page<(K, V)> {
+    let mut items = Vec::new();
+    let (mut read, mut matched) = (0usize, 0usize);
+    let mut complete = true;
+    for (k, v) in entries {
+        read += 1;
+        if !keep(&k, &v) {
+            continue;
+        }
+        matched += 1;
+        if matched <= offset {
+            continue;
+        }
+        if items.len() == limit {
+            complete = false;
+            break;
+        }
+        items.push((k, v));
+    }
+    Page {
+        next: (!complete).then_some(offset + items.len()),
+        items,
+        read,
+        complete,
+    }
+}
+
+/// Opens a pinned hash (or LRU hash) map.
+fn open_pinned<K: aya::Pod, V: aya::Pod>(pin: &Path) -> Result<HashMap<MapData, K, V>, NatError> {
+    let err = |source| NatError::Map {
+        path: pin.display().to_string(),
+        source,
+    };
+    let data = MapData::from_pin(pin).map_err(err)?;
+    HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(err)
+}
+
+/// One page of the NAT table pinned at `pin` (its own handle: no lock of
+/// the agent's), the entries `keep` accepts from the `offset`-th on.
+pub fn nat_page(
+    pin: &Path,
+    keep: impl Fn(&NatKey, &NatEntry) -> bool,
+    offset: usize,
+    limit: usize,
+) -> Result<Page<(NatKey, NatEntry)>, NatError> {
+    let map = open_pinned(pin)?;
+    Ok(page_of(
+        map.iter().filter_map(Result::ok),
+        keep,
+        offset,
+        limit,
+    ))
+}
+
+/// One page of the hostPort map pinned at `pin`.
+pub fn hostport_page(
+    pin: &Path,
+    offset: usize,
+    limit: usize,
+) -> Result<Page<(rivet_common::HostPortKey, rivet_common::HostPortTarget)>, NatError> {
+    let map = open_pinned(pin)?;
+    Ok(page_of(
+        map.iter().filter_map(Result::ok),
+        |_, _| true,
+        offset,
+        limit,
+    ))
+}
+
+/// Entries in the hostPort map pinned at `pin` (its keys walked).
+pub fn hostport_count(pin: &Path) -> Result<u64, NatError> {
+    let map = open_pinned::<rivet_common::HostPortKey, rivet_common::HostPortTarget>(pin)?;
+    Ok(map.keys().filter(Result::is_ok).count() as u64)
 }
 
 /// What the datapath reads.
@@ -433,8 +532,8 @@ pub fn describe(k: &NatKey, e: &NatEntry) -> String {
         "reply"
     };
     format!(
-        "{dir} proto {} {}:{} -> {}:{} => {}:{}",
-        k.proto,
+        "{dir} {} {}:{} -> {}:{} => {}:{}",
+        Protocol::from_number(k.proto),
         ip(k.src),
         port(k.sport),
         ip(k.dst),
@@ -447,6 +546,27 @@ pub fn describe(k: &NatKey, e: &NatEntry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_read_only_as_far_as_they_need() {
+        let read = std::cell::Cell::new(0);
+        let entries = || {
+            (0u32..10).map(|i| {
+                read.set(read.get() + 1);
+                (i, i * 10)
+            })
+        };
+        let even = |k: &u32, _: &u32| k.is_multiple_of(2);
+        let p = super::page_of(entries(), even, 1, 2);
+        assert_eq!(p.items, [(2, 20), (4, 40)]);
+        assert_eq!((p.next, p.complete), (Some(3), false));
+        // Stopped at the first match past the page (6), not the end.
+        assert_eq!(read.get(), 7);
+        let last = super::page_of(entries(), even, 3, 2);
+        assert_eq!(last.items, [(6, 60), (8, 80)]);
+        assert_eq!((last.next, last.complete, last.read), (None, true, 10));
+        assert!(super::page_of(entries(), even, 9, 5).items.is_empty());
+    }
 
     #[test]
     fn port_ranges_and_timeouts() {

@@ -108,8 +108,38 @@ pub enum Request {
         #[serde(default)]
         limit: Option<usize>,
     },
-    /// hostPort mappings as the datapath holds them.
+    /// hostPort mappings as the datapath holds them (all of them; see
+    /// [`Request::PortmapPage`]).
     PortmapList {},
+    /// One page of the NAT table: the entries [`Request::NatList`] would
+    /// match, skipping the first `offset` (in the table's order) and
+    /// stopping after `limit` (default 1000). The agent reads the table
+    /// only that far; [`Response::Nat`] says where the next page starts.
+    NatPage {
+        /// Address filter.
+        #[serde(default)]
+        ip: Option<Ipv4Addr>,
+        /// Port filter.
+        #[serde(default)]
+        port: Option<u16>,
+        /// Matching entries to skip.
+        #[serde(default)]
+        offset: usize,
+        /// At most this many entries (default 1000).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// One page of the hostPort mappings: skipping the first `offset` (in
+    /// the map's order), at most `limit` (default 1000); answered by
+    /// [`Response::PortmapPage`].
+    PortmapPage {
+        /// Mappings to skip.
+        #[serde(default)]
+        offset: usize,
+        /// At most this many (default 1000).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
     /// Stream datapath events (one [`MonitorEvent`] JSON object per line)
     /// until the client goes away: every drop, and flows when `flows` (one
     /// packet in `sample`, default every packet). Use [`Client::monitor`].
@@ -276,16 +306,129 @@ pub struct PodMeta {
     pub name: String,
 }
 
-/// Transport protocol of a port mapping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// An IP protocol: of a port mapping (TCP, UDP, SCTP), a NAT flow or a
+/// datapath event. Its text is the IANA keyword in lowercase (`tcp`,
+/// `udp`, `sctp`, `icmp`), or the number for any other protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Protocol {
-    /// TCP.
+    /// ICMP (1).
+    Icmp,
+    /// TCP (6).
     Tcp,
-    /// UDP.
+    /// UDP (17).
     Udp,
-    /// SCTP.
+    /// SCTP (132).
     Sctp,
+    /// Any other protocol, by number.
+    Other(u8),
+}
+
+impl Protocol {
+    /// The protocol of IP protocol number `n`.
+    pub const fn from_number(n: u8) -> Self {
+        match n {
+            1 => Self::Icmp,
+            6 => Self::Tcp,
+            17 => Self::Udp,
+            132 => Self::Sctp,
+            n => Self::Other(n),
+        }
+    }
+
+    /// Its IP protocol number.
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Icmp => 1,
+            Self::Tcp => 6,
+            Self::Udp => 17,
+            Self::Sctp => 132,
+            Self::Other(n) => n,
+        }
+    }
+
+    /// Its keyword, if it has one of rivet's names.
+    pub const fn name(self) -> Option<&'static str> {
+        match self {
+            Self::Icmp => Some("icmp"),
+            Self::Tcp => Some("tcp"),
+            Self::Udp => Some("udp"),
+            Self::Sctp => Some("sctp"),
+            Self::Other(_) => None,
+        }
+    }
+
+    /// A protocol a hostPort may map (the CNI `portMappings` set).
+    pub const fn is_port_mapping(self) -> bool {
+        matches!(self, Self::Tcp | Self::Udp | Self::Sctp)
+    }
+}
+
+impl From<u8> for Protocol {
+    fn from(n: u8) -> Self {
+        Self::from_number(n)
+    }
+}
+
+impl From<Protocol> for u8 {
+    fn from(p: Protocol) -> Self {
+        p.number()
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "{}", self.number()),
+        }
+    }
+}
+
+/// A protocol name or number that is not one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?} (tcp, udp, sctp, icmp or a number 0-255)")]
+pub struct UnknownProtocol(pub String);
+
+impl std::str::FromStr for Protocol {
+    type Err = UnknownProtocol;
+
+    /// A keyword (any case) or a number.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "icmp" => Ok(Self::Icmp),
+            "tcp" => Ok(Self::Tcp),
+            "udp" => Ok(Self::Udp),
+            "sctp" => Ok(Self::Sctp),
+            other => other
+                .parse::<u8>()
+                .map(Self::from_number)
+                .map_err(|_| UnknownProtocol(s.to_owned())),
+        }
+    }
+}
+
+impl Serialize for Protocol {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A port mapping's protocol: `tcp`, `udp` or `sctp`, in lowercase.
+fn port_mapping_protocol<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
+    let text = std::borrow::Cow::<'de, str>::deserialize(d)?;
+    match text.parse::<Protocol>() {
+        Ok(p) if p.is_port_mapping() && p.name() == Some(text.as_ref()) => Ok(p),
+        _ => Err(serde::de::Error::custom(format!(
+            "port mapping protocol {text:?}: expected tcp, udp or sctp"
+        ))),
+    }
 }
 
 /// One hostPort mapping.
@@ -297,6 +440,7 @@ pub struct PortMapping {
     /// Port in the pod.
     pub container_port: u16,
     /// Protocol.
+    #[serde(deserialize_with = "port_mapping_protocol")]
     pub protocol: Protocol,
     /// Node address it applies to; `None` = every node address.
     #[serde(default)]
@@ -570,6 +714,10 @@ pub struct AgentStatus {
     /// agents older than this field).
     #[serde(default)]
     pub ebpf: EbpfObject,
+    /// Milliseconds since the agent gathered this status (it answers from
+    /// a snapshot refreshed after each change and every second).
+    #[serde(default)]
+    pub age_ms: u64,
 }
 
 /// Which build of the datapath an agent loaded.
@@ -688,13 +836,26 @@ pub enum Response {
     Nat {
         /// The entries (filtered, limited).
         entries: Vec<NatFlow>,
-        /// Entries in the table (before filtering).
+        /// Entries in the table (before filtering): counted when the
+        /// listing read the whole table, else the last collection's count.
         total: usize,
+        /// The `offset` of the next page (`NatPage`), if the table may hold
+        /// more matching entries.
+        #[serde(default)]
+        next: Option<usize>,
     },
     /// hostPort mappings.
     Portmaps {
         /// By hostPort.
         mappings: Vec<PortmapEntry>,
+    },
+    /// A page of hostPort mappings (`PortmapPage`).
+    PortmapPage {
+        /// This page, by hostPort.
+        mappings: Vec<PortmapEntry>,
+        /// The `offset` of the next page, if the map may hold more.
+        #[serde(default)]
+        next: Option<usize>,
     },
     /// The request failed.
     Error(ApiError),
@@ -1046,5 +1207,48 @@ mod tests {
             .expect_err("no agent");
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/rivet.sock"));
+    }
+
+    #[test]
+    fn protocols_by_number_and_name() {
+        for (n, name) in [(1, "icmp"), (6, "tcp"), (17, "udp"), (132, "sctp")] {
+            let p = Protocol::from_number(n);
+            assert_eq!((p.number(), p.to_string()), (n, name.to_owned()));
+            assert_eq!(name.parse::<Protocol>(), Ok(p));
+            assert_eq!(name.to_uppercase().parse::<Protocol>(), Ok(p));
+        }
+        assert_eq!(Protocol::from_number(47), Protocol::Other(47));
+        assert_eq!(Protocol::Other(47).to_string(), "47");
+        assert_eq!("47".parse::<Protocol>(), Ok(Protocol::Other(47)));
+        assert!("gre".parse::<Protocol>().is_err());
+        assert_eq!(
+            serde_json::to_string(&Protocol::Udp).expect("serialize"),
+            r#""udp""#
+        );
+        // A port mapping takes the CNI set, in lowercase, only.
+        let pm = |proto: &str| {
+            serde_json::from_str::<PortMapping>(&format!(
+                r#"{{"hostPort":80,"containerPort":80,"protocol":"{proto}"}}"#
+            ))
+        };
+        assert_eq!(pm("sctp").expect("sctp").protocol, Protocol::Sctp);
+        assert!(pm("TCP").is_err() && pm("6").is_err() && pm("icmp").is_err());
+    }
+
+    #[test]
+    fn paging_requests_default() {
+        let req: Request = serde_json::from_str(r#"{"op":"nat_page"}"#).expect("parse");
+        assert_eq!(
+            req,
+            Request::NatPage {
+                ip: None,
+                port: None,
+                offset: 0,
+                limit: None
+            }
+        );
+        let old: Response =
+            serde_json::from_str(r#"{"result":"nat","entries":[],"total":3}"#).expect("old answer");
+        assert!(matches!(old, Response::Nat { next: None, .. }), "{old:?}");
     }
 }

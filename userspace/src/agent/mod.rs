@@ -46,7 +46,7 @@ use std::{
 use rivet_common::{NodeConfig, config_flags, ipv4_key, map_names, program_names};
 use tokio::sync::{Mutex, MutexGuard};
 
-pub use self::status::{RequestMetrics, map_warnings};
+pub use self::status::{Published, RequestMetrics, STATUS_INTERVAL, StoreState, map_warnings};
 
 use crate::{
     cluster::{Cluster, ClusterError, RemoteNode, node},
@@ -141,7 +141,11 @@ pub struct Agent {
     mtu: u32,
     pod_cidr: ipnet::Ipv4Net,
     node_ip: Option<Ipv4Addr>,
-    store_state: std::sync::Mutex<String>,
+    store_state: std::sync::Mutex<StoreState>,
+    /// The last gathered status (see [`status`]).
+    published: std::sync::RwLock<Arc<Published>>,
+    /// Records changed since the status was published.
+    changed: tokio::sync::Notify,
     nat_stats: std::sync::Mutex<crate::nat::NatStats>,
     requests: RequestMetrics,
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
@@ -304,7 +308,14 @@ impl Agent {
             pin_dir = %cfg.pin_dir.display(),
             "datapath ready"
         );
-        Ok(Self {
+        let unpublished = Published {
+            status: status::base_status(&cfg, pod_cidr, mtu, node_ip),
+            not_attached: Some("the status is not gathered yet".into()),
+            at: Instant::now(),
+        };
+        let agent = Self {
+            published: std::sync::RwLock::new(Arc::new(unpublished)),
+            changed: tokio::sync::Notify::new(),
             cfg,
             nl,
             state: Mutex::new(NodeState {
@@ -317,14 +328,11 @@ impl Agent {
             mtu,
             pod_cidr,
             node_ip,
-            store_state: std::sync::Mutex::new(
-                if cfg_etcd {
-                    "etcd: connecting"
-                } else {
-                    "single-node"
-                }
-                .to_owned(),
-            ),
+            store_state: std::sync::Mutex::new(if cfg_etcd {
+                StoreState::Connecting
+            } else {
+                StoreState::Standalone
+            }),
             nat_stats: std::sync::Mutex::new(crate::nat::NatStats::default()),
             requests: RequestMetrics::default(),
             last_error: std::sync::Mutex::new(None),
@@ -333,7 +341,11 @@ impl Agent {
                 crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
             )),
             _lock: lock,
-        })
+        };
+        if let Err(e) = agent.refresh_status().await {
+            tracing::warn!(error = %e, "gathering the status");
+        }
+        Ok(agent)
     }
 
     /// The event hub (`monitor`).
@@ -497,7 +509,7 @@ impl Agent {
     }
 
     /// Cluster store state, for status.
-    pub fn store_state(&self) -> String {
+    pub fn store_state(&self) -> StoreState {
         self.store_state
             .lock()
             .map(|s| s.clone())
@@ -542,6 +554,7 @@ impl crate::cluster::ClusterSink for Agent {
         if let Err(e) = cluster.replace_all(dp, nodes) {
             tracing::warn!(error = %e, "applying the cluster's nodes");
         }
+        self.note_change();
     }
 
     async fn upsert(&self, node: RemoteNode) {
@@ -553,6 +566,7 @@ impl crate::cluster::ClusterSink for Agent {
             Ok(false) => {}
             Err(e) => tracing::warn!(%subnet, error = %e, "adding a node"),
         }
+        self.note_change();
     }
 
     async fn remove(&self, subnet: ipnet::Ipv4Net) {
@@ -563,11 +577,12 @@ impl crate::cluster::ClusterSink for Agent {
             Ok(false) => {}
             Err(e) => tracing::warn!(%subnet, error = %e, "removing a node"),
         }
+        self.note_change();
     }
 
     async fn state(&self, text: String) {
         if let Ok(mut s) = self.store_state.lock() {
-            *s = text;
+            *s = s.after_report(&text);
         }
     }
 }

@@ -1,31 +1,339 @@
 //! What the agent reports about itself: its status (`rivetctl status`,
 //! CNI STATUS, readiness, metrics) and the latency of the requests it
 //! answered.
+//!
+//! Status is published, not computed per request: the agent keeps an
+//! [`Arc`] of the last [`Published`] status, which readers copy (a pointer,
+//! under a lock held for just that). [`Agent::publish_status`] refreshes
+//! it — the records right after every change (a short lock of the node
+//! state), everything 100 ms after a change and every second: what needs the node state is copied under a
+//! short lock, the netlink and map reads (attachments, hostPort count,
+//! map sizes) run after it is released. What changes without a request
+//! (uptime, store state, readiness, last error, NAT figures, counters) is
+//! read when the status is.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use prometheus_client::metrics::{
     family::Family,
     histogram::{Histogram, exponential_buckets},
 };
-use rivet_api::{AgentStatus, ApiError, Attachment, ErrorKind};
+use rivet_api::{AgentStatus, ApiError, Attachment, CounterValue, ErrorKind, PoolStatus};
 use rivet_common::{map_names, program_names};
 
 use super::{Agent, NodeState};
-use crate::datapath::{self, AttachMode, DatapathError};
+use crate::datapath::{self, AttachMode, DatapathError, pins::PinLayout};
+
+/// How often the whole status is gathered again.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// How soon after a change the whole status (attachments of new pods) is
+/// gathered again: changes within it share one gathering.
+pub const CHANGE_GATHER: Duration = Duration::from_millis(100);
+
+/// The cluster store as the agent last heard of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreState {
+    /// No cluster store: a single node.
+    Standalone,
+    /// Connecting to the store, not yet in sync.
+    Connecting,
+    /// In sync; `peers` other nodes.
+    Synced {
+        /// Other nodes the store lists.
+        peers: usize,
+    },
+    /// The store was lost at `since` and is being reconnected.
+    Lost {
+        /// When it was lost (the first report of the outage).
+        since: Instant,
+        /// The store's reason.
+        reason: String,
+    },
+}
+
+impl StoreState {
+    /// The cluster's nodes are as the store says.
+    pub fn is_synced(&self) -> bool {
+        matches!(self, Self::Synced { .. })
+    }
+
+    /// The state after the store's source reported `text`: `etcd: synced
+    /// (N peers)`, `etcd: connecting`, `etcd: reconnecting (why)`; any
+    /// other report is an outage with that reason.
+    pub fn after_report(&self, text: &str) -> Self {
+        let inner = |rest: &str| {
+            rest.trim()
+                .strip_prefix('(')
+                .and_then(|r| r.strip_suffix(')'))
+                .unwrap_or(rest.trim())
+                .to_owned()
+        };
+        let body = text.strip_prefix("etcd:").unwrap_or(text).trim();
+        if let Some(rest) = body.strip_prefix("synced") {
+            let peers = inner(rest)
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            return Self::Synced { peers };
+        }
+        if body == "connecting" {
+            return Self::Connecting;
+        }
+        let reason = body
+            .strip_prefix("reconnecting")
+            .map_or_else(|| body.to_owned(), inner);
+        let since = match self {
+            Self::Lost { since, .. } => *since,
+            _ => Instant::now(),
+        };
+        Self::Lost { since, reason }
+    }
+}
+
+impl fmt::Display for StoreState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Standalone => f.write_str("single-node"),
+            Self::Connecting => f.write_str("etcd: connecting"),
+            Self::Synced { peers } => write!(f, "etcd: synced ({peers} peers)"),
+            Self::Lost { since, reason } => write!(
+                f,
+                "etcd: reconnecting ({reason}) for {}s",
+                since.elapsed().as_secs()
+            ),
+        }
+    }
+}
+
+/// The status as last gathered.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The status; the fields that change without a request are filled in
+    /// by [`Agent::status`].
+    pub status: AgentStatus,
+    /// Why the datapath is not ready (no program on the uplink), if so.
+    pub not_attached: Option<String>,
+    /// When it was gathered.
+    pub at: Instant,
+}
+
+/// What the node state says, copied under a short lock.
+struct Records {
+    endpoints: usize,
+    pool: PoolStatus,
+    nodes: usize,
+}
+
+impl Records {
+    fn of(state: &NodeState) -> Self {
+        Self {
+            endpoints: state.endpoints.len(),
+            pool: state.endpoints.pool(),
+            nodes: state.cluster.len(),
+        }
+    }
+
+    /// Writes them into `status` (with the map fill levels they make).
+    fn apply(&self, status: &mut AgentStatus) {
+        status.endpoints = self.endpoints;
+        status.pool = self.pool;
+        status.nodes = self.nodes;
+        for m in &mut status.maps {
+            match m.name.as_str() {
+                map_names::ENDPOINTS => m.entries = self.endpoints as u64,
+                map_names::HOSTPORTS | map_names::NAT => {}
+                _ => m.entries = self.nodes as u64,
+            }
+        }
+        status.warnings = map_warnings(&status.maps);
+    }
+}
 
 impl Agent {
-    /// The agent's status, read from `state` (which the caller has locked).
-    pub async fn status(&self, state: &mut NodeState) -> Result<AgentStatus, ApiError> {
-        let internal = |e: DatapathError| ApiError::new(ErrorKind::Internal, e.to_string());
-        let NodeState {
-            dp,
-            endpoints,
-            cluster,
-            ..
-        } = state;
-        let mut attachments: Vec<Attachment> = dp
-            .links()
+    /// The last published status (a pointer copy).
+    pub fn published(&self) -> Arc<Published> {
+        match self.published.read() {
+            Ok(p) => Arc::clone(&p),
+            Err(e) => Arc::clone(&e.into_inner()),
+        }
+    }
+
+    fn publish(&self, p: Published) {
+        let p = Arc::new(p);
+        match self.published.write() {
+            Ok(mut slot) => *slot = p,
+            Err(e) => *e.into_inner() = p,
+        }
+    }
+
+    /// The agent's status: the published one, with what changes without a
+    /// request read now. Takes no lock of the node state.
+    pub fn status(&self) -> AgentStatus {
+        let p = self.published();
+        let mut s = p.status.clone();
+        let store = self.store_state();
+        s.uptime_secs = self.started.elapsed().as_secs();
+        s.store = store.to_string();
+        s.store_synced = self.cfg.etcd.is_none() || store.is_synced();
+        (s.ready, s.not_ready) = match self.not_ready(&p, &store) {
+            Some(why) => (false, Some(why)),
+            None => (true, None),
+        };
+        s.last_error = self.last_error();
+        s.nat = self.nat_status();
+        for m in &mut s.maps {
+            if m.name == map_names::NAT {
+                m.entries = s.nat.entries;
+            }
+        }
+        s.warnings = map_warnings(&s.maps);
+        s.age_ms = u64::try_from(p.at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        s
+    }
+
+    /// Ready (`Ok`), or why not: the uplink (if any) runs its program and,
+    /// in cluster mode, the store is in sync. Takes no lock of the node
+    /// state.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.not_ready(&self.published(), &self.store_state()) {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
+    }
+
+    fn not_ready(&self, p: &Published, store: &StoreState) -> Option<String> {
+        if let Some(why) = &p.not_attached {
+            return Some(why.clone());
+        }
+        if self.cfg.etcd.is_some() && !store.is_synced() {
+            return Some(store.to_string());
+        }
+        None
+    }
+
+    /// The datapath counters, read from the pinned map (no lock of the
+    /// node state).
+    pub fn counters(&self) -> Result<Vec<CounterValue>, ApiError> {
+        let pin = PinLayout::new(&self.cfg.pin_dir).map(map_names::STATS);
+        let err = |e: aya::maps::MapError| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("map {}: {e}", map_names::STATS),
+            )
+        };
+        let data = aya::maps::MapData::from_pin(&pin).map_err(err)?;
+        let stats: aya::maps::PerCpuArray<_, rivet_common::StatsEntry> =
+            aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(err)?;
+        rivet_common::Counter::ALL
+            .iter()
+            .map(|c| {
+                let per_cpu = stats.get(&c.index(), 0).map_err(err)?;
+                Ok(CounterValue {
+                    name: c.name().to_owned(),
+                    drop: c.is_drop(),
+                    packets: per_cpu.iter().map(|v| v.packets).sum(),
+                    bytes: per_cpu.iter().map(|v| v.bytes).sum(),
+                })
+            })
+            .collect()
+    }
+
+    /// Says that the records changed: the refresher publishes them.
+    pub fn note_change(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Keeps the published status current until the agent stops: the
+    /// records right after each change, everything [`CHANGE_GATHER`] after
+    /// it (changes meanwhile wait for the same gathering) and every
+    /// [`STATUS_INTERVAL`].
+    pub async fn publish_status(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(STATUS_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gather_at: Option<tokio::time::Instant> = None;
+        loop {
+            let gather_due = async {
+                match gather_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = gather_due => {}
+                () = self.changed.notified() => {
+                    self.refresh_records().await;
+                    gather_at.get_or_insert_with(|| tokio::time::Instant::now() + CHANGE_GATHER);
+                    continue;
+                }
+            }
+            gather_at = None;
+            if let Err(e) = self.refresh_status().await {
+                tracing::warn!(error = %e, "gathering the status");
+                self.note_error(format!("status: {e}"));
+            }
+            tick.reset();
+        }
+    }
+
+    /// Publishes the records (endpoints, pool, nodes) into the last status.
+    pub async fn refresh_records(&self) {
+        let records = Records::of(&*self.state.lock().await);
+        let p = self.published();
+        let mut next = (*p).clone();
+        records.apply(&mut next.status);
+        self.publish(next);
+    }
+
+    /// Gathers the whole status and publishes it. The node state is locked
+    /// only to copy what it holds; netlink and map reads run after.
+    pub async fn refresh_status(&self) -> Result<(), ApiError> {
+        let layout = PinLayout::new(&self.cfg.pin_dir);
+        let tc = self.cfg.pod_attach == AttachMode::Tc;
+        let (records, probe, from_pod, sizes, object) = {
+            let state = self.state.lock().await;
+            let records = Records::of(&state);
+            let probe: Vec<(String, u32)> = if tc {
+                state
+                    .endpoints
+                    .list()
+                    .into_iter()
+                    .map(|ep| (ep.host_ifname, ep.host_ifindex))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let from_pod = if tc {
+                Some(
+                    state
+                        .dp
+                        .program_id(program_names::FROM_POD)
+                        .map_err(internal)?,
+                )
+            } else {
+                None
+            };
+            let sizes = datapath::SIZED_MAPS
+                .iter()
+                .map(|(name, _)| state.dp.map_size(name))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(internal)?;
+            let o = state.dp.object();
+            let object = rivet_api::EbpfObject {
+                source: o.source.clone(),
+                stamp: o.stamp.clone(),
+                hash: o.hash.clone(),
+                bytes: o.size as u64,
+            };
+            (records, probe, from_pod, sizes, object)
+        };
+        let mut attachments: Vec<Attachment> = datapath::links(&layout)
             .map_err(internal)?
             .into_iter()
             .map(|l| Attachment {
@@ -36,13 +344,15 @@ impl Agent {
                 pin: l.pin.display().to_string(),
             })
             .collect();
-        if self.cfg.pod_attach == AttachMode::Tc {
-            let ours = dp.program_id(program_names::FROM_POD).map_err(internal)?;
-            for ep in endpoints.list() {
-                let ids = endpoints.attached_ids(&ep, &self.nl, dp).await?;
+        if let Some(ours) = from_pod {
+            for (interface, index) in probe {
+                // A veth gone meanwhile (ENODEV) is no attachment.
+                let Ok(ids) = self.nl.tc_bpf_prog_ids(index, true).await else {
+                    continue;
+                };
                 for id in ids {
                     attachments.push(Attachment {
-                        interface: ep.host_ifname.clone(),
+                        interface: interface.clone(),
                         program: if id == ours {
                             "from_pod".into()
                         } else {
@@ -56,79 +366,92 @@ impl Agent {
             }
             attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
         }
-        let (ready, not_ready) = self.ready_with(&attachments);
+        let not_attached = self.uplink_missing(&attachments);
+        let hostports = crate::nat::hostport_count(&layout.map(map_names::HOSTPORTS))
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
         let nat = self.nat_status();
-        let hostports = dp.list_hostports().map_err(internal)?.len() as u64;
         let refused: HashMap<&str, u64> = datapath::map_full_counts().into_iter().collect();
-        let mut maps = Vec::new();
-        for (name, key) in datapath::SIZED_MAPS {
-            let entries = match name {
-                map_names::ENDPOINTS => endpoints.len() as u64,
-                map_names::HOSTPORTS => hostports,
-                map_names::NAT => nat.entries,
-                _ => cluster.len() as u64,
-            };
-            let (capacity, memory_bytes) = dp.map_size(name).map_err(internal)?;
-            maps.push(rivet_api::MapUsage {
-                name: name.to_owned(),
-                entries,
-                capacity: u64::from(capacity),
-                memory_bytes,
-                full_refusals: refused.get(name).copied().unwrap_or(0),
-                config_key: key.to_owned(),
-            });
-        }
-        let warnings = map_warnings(&maps);
-        Ok(AgentStatus {
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            node_name: self.cfg.node_name.clone(),
-            uptime_secs: self.started.elapsed().as_secs(),
-            pod_cidr: self.pod_cidr.to_string(),
-            gateway: self.cfg.gateway,
-            mtu: self.mtu,
-            pin_dir: self.cfg.pin_dir.display().to_string(),
-            endpoints: endpoints.len(),
-            attachments,
-            pool: endpoints.pool(),
-            mode: self.cfg.mode.as_str().to_owned(),
-            cluster_cidr: self.cfg.cluster_cidr.to_string(),
-            node_ip: self.node_ip,
-            nodes: cluster.len(),
-            store: self.store_state(),
-            store_synced: self.cfg.etcd.is_none() || self.store_state().starts_with("etcd: synced"),
-            nat,
-            ready,
-            not_ready,
-            last_error: self.last_error(),
-            maps,
-            warnings,
-            ebpf: rivet_api::EbpfObject {
-                source: dp.object().source.clone(),
-                stamp: dp.object().stamp.clone(),
-                hash: dp.object().hash.clone(),
-                bytes: dp.object().size as u64,
-            },
-        })
+        let maps = datapath::SIZED_MAPS
+            .iter()
+            .zip(sizes)
+            .map(
+                |((name, key), (capacity, memory_bytes))| rivet_api::MapUsage {
+                    name: (*name).to_owned(),
+                    entries: match *name {
+                        map_names::HOSTPORTS => hostports,
+                        map_names::NAT => nat.entries,
+                        _ => 0,
+                    },
+                    capacity: u64::from(capacity),
+                    memory_bytes,
+                    full_refusals: refused.get(name).copied().unwrap_or(0),
+                    config_key: (*key).to_owned(),
+                },
+            )
+            .collect();
+        let mut status = base_status(&self.cfg, self.pod_cidr, self.mtu, self.node_ip);
+        status.attachments = attachments;
+        status.nat = nat;
+        status.maps = maps;
+        status.ebpf = object;
+        records.apply(&mut status);
+        self.publish(Published {
+            status,
+            not_attached,
+            at: Instant::now(),
+        });
+        Ok(())
     }
 
-    /// Ready when the uplink (if any) runs its program and, in cluster
-    /// mode, the store is in sync.
-    fn ready_with(&self, attachments: &[Attachment]) -> (bool, Option<String>) {
-        if let (Some(uplink), Some(_)) = (&self.cfg.uplink, self.node_ip)
-            && !attachments
-                .iter()
-                .any(|a| &a.interface == uplink && a.program == program_names::FROM_UPLINK)
-        {
-            return (
-                false,
-                Some(format!("no rivet program on the uplink {uplink}")),
-            );
-        }
-        if self.cfg.etcd.is_some() && !self.store_state().starts_with("etcd: synced") {
-            return (false, Some(self.store_state()));
-        }
-        (true, None)
+    /// Why the uplink is not ready: it has no rivet program.
+    fn uplink_missing(&self, attachments: &[Attachment]) -> Option<String> {
+        let (Some(uplink), Some(_)) = (&self.cfg.uplink, self.node_ip) else {
+            return None;
+        };
+        (!attachments
+            .iter()
+            .any(|a| &a.interface == uplink && a.program == program_names::FROM_UPLINK))
+        .then(|| format!("no rivet program on the uplink {uplink}"))
     }
+}
+
+/// A status with what the configuration says and nothing gathered.
+pub(super) fn base_status(
+    cfg: &crate::config::AgentConfig,
+    pod_cidr: ipnet::Ipv4Net,
+    mtu: u32,
+    node_ip: Option<std::net::Ipv4Addr>,
+) -> AgentStatus {
+    AgentStatus {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        node_name: cfg.node_name.clone(),
+        uptime_secs: 0,
+        pod_cidr: pod_cidr.to_string(),
+        gateway: cfg.gateway,
+        mtu,
+        pin_dir: cfg.pin_dir.display().to_string(),
+        endpoints: 0,
+        attachments: Vec::new(),
+        pool: PoolStatus { size: 0, used: 0 },
+        mode: cfg.mode.as_str().to_owned(),
+        cluster_cidr: cfg.cluster_cidr.to_string(),
+        node_ip,
+        nodes: 0,
+        store: String::new(),
+        store_synced: false,
+        nat: rivet_api::NatStatus::default(),
+        ready: false,
+        not_ready: None,
+        last_error: None,
+        maps: Vec::new(),
+        warnings: Vec::new(),
+        ebpf: rivet_api::EbpfObject::default(),
+        age_ms: 0,
+    }
+}
+
+fn internal(e: DatapathError) -> ApiError {
+    ApiError::new(ErrorKind::Internal, e.to_string())
 }
 
 /// What an operator should act on: a map at ≥ 90 % of its capacity, or
@@ -188,5 +511,37 @@ impl RequestMetrics {
     /// The histograms, one per verb (what the metrics endpoint registers).
     pub fn histograms(&self) -> Family<VerbLabels, Histogram, NewHistogram> {
         self.by_verb.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreState;
+
+    #[test]
+    fn store_reports_become_states() {
+        let s = StoreState::Connecting.after_report("etcd: synced (3 peers)");
+        assert_eq!(s, StoreState::Synced { peers: 3 });
+        assert!(s.is_synced());
+        assert_eq!(s.to_string(), "etcd: synced (3 peers)");
+        let lost = s.after_report("etcd: reconnecting (connection refused)");
+        let StoreState::Lost { since, reason } = &lost else {
+            panic!("{lost:?}");
+        };
+        assert_eq!(reason, "connection refused");
+        assert!(!lost.is_synced());
+        // A second report of the same outage keeps its start.
+        let again = lost.after_report("etcd: reconnecting (timed out)");
+        assert!(matches!(&again, StoreState::Lost { since: s2, .. } if s2 == since));
+        assert!(
+            again
+                .to_string()
+                .starts_with("etcd: reconnecting (timed out) for ")
+        );
+        assert_eq!(
+            again.after_report("etcd: connecting"),
+            StoreState::Connecting
+        );
+        assert_eq!(StoreState::Standalone.to_string(), "single-node");
     }
 }

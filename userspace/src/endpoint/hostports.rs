@@ -20,7 +20,7 @@ pub fn hostport_entries(ep: &Endpoint) -> Vec<(HostPortKey, HostPortTarget)> {
             let proto = match pm.protocol {
                 Protocol::Tcp => 6,
                 Protocol::Udp => 17,
-                Protocol::Sctp => return None,
+                Protocol::Sctp | Protocol::Icmp | Protocol::Other(_) => return None,
             };
             let addr = pm
                 .host_ip

@@ -35,6 +35,14 @@ pub enum IpamError {
     /// A requested address cannot be used.
     #[error("{0}")]
     InvalidAddress(String),
+    /// A requested address is held by someone else (`owner`).
+    #[error("ip {ip} is already in use by {owner}")]
+    InUse {
+        /// The address.
+        ip: Ipv4Addr,
+        /// Who holds it.
+        owner: String,
+    },
     /// Every address of the range set is taken.
     #[error("no IP addresses available in range set {0}")]
     Exhausted(String),
@@ -236,9 +244,7 @@ impl Ipam {
             )));
         }
         if let Some(owner) = taken(ip) {
-            return Err(IpamError::InvalidAddress(format!(
-                "ip {ip} is already in use by {owner}"
-            )));
+            return Err(IpamError::InUse { ip, owner });
         }
         Ok(())
     }
@@ -428,6 +434,10 @@ mod tests {
                 Some("pod x".into())
             })
             .expect_err("taken");
+        assert!(
+            matches!(&err, IpamError::InUse { owner, .. } if owner == "pod x"),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("already in use by pod x"));
         assert!(
             ipam.check_requested("10.9.0.7".parse().expect("ip"), &set, |_| None)

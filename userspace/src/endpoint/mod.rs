@@ -100,9 +100,7 @@ impl From<IpamError> for EndpointError {
     fn from(e: IpamError) -> Self {
         match e {
             IpamError::Exhausted(_) => EndpointError::Exhausted(e.to_string()),
-            IpamError::InvalidAddress(m) if m.contains("already in use") => {
-                EndpointError::Conflict(m)
-            }
+            IpamError::InUse { .. } => EndpointError::Conflict(e.to_string()),
             other => EndpointError::BadRequest(other.to_string()),
         }
     }

@@ -1,32 +1,77 @@
-//! One handler per API request. Each runs with the node state locked:
-//! requests are answered one at a time, in the order they take the lock.
+//! One handler per API request. Those that change the node run with the
+//! node state locked: they are answered one at a time, in the order they
+//! take the lock. Status, counters and the NAT and hostPort listings take
+//! no lock of it (status is the agent's published snapshot; the maps are
+//! read through their own handles).
 
 use std::{collections::HashMap, net::Ipv4Addr, sync::Arc};
 
 use rivet_api::{
-    ApiError, CounterValue, EndpointCheck, EndpointRef, EndpointSpec, ErrorKind, GcRequest,
-    NodeEntry, Request, Response,
+    ApiError, EndpointCheck, EndpointRef, EndpointSpec, ErrorKind, GcRequest, NodeEntry, Protocol,
+    Request, Response,
 };
+use rivet_common::map_names;
 use tokio::sync::MutexGuard;
 
 use crate::{
     agent::{Agent, NodeState},
     cluster::RemoteNode,
-    datapath::DatapathError,
+    datapath::pins::PinLayout,
     endpoint,
 };
 
 /// The node state, locked for one request.
 type Locked<'a> = MutexGuard<'a, NodeState>;
 
-fn internal(e: DatapathError) -> ApiError {
-    ApiError::new(ErrorKind::Internal, e.to_string())
-}
+/// Entries a listing answers unless asked for another number.
+const DEFAULT_PAGE: usize = 1000;
 
 /// Answers `request` (a `monitor` stream is served by the connection).
 pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Response, ApiError> {
-    let state = agent.lock().await;
+    // Reads that need no lock of the node state.
     match request {
+        Request::Status {} => return Ok(Response::Status(agent.status())),
+        Request::Stats {} => {
+            return Ok(Response::Stats {
+                counters: agent.counters()?,
+            });
+        }
+        Request::NatList { ip, port, limit } => {
+            return nat_list(agent, ip, port, 0, limit.unwrap_or(DEFAULT_PAGE), false);
+        }
+        Request::NatPage {
+            ip,
+            port,
+            offset,
+            limit,
+        } => return nat_list(agent, ip, port, offset, limit.unwrap_or(DEFAULT_PAGE), true),
+        Request::PortmapList {} => {
+            let (mappings, _) = portmap_list(agent, 0, usize::MAX).await?;
+            return Ok(Response::Portmaps { mappings });
+        }
+        Request::PortmapPage { offset, limit } => {
+            let (mappings, next) =
+                portmap_list(agent, offset, limit.unwrap_or(DEFAULT_PAGE)).await?;
+            return Ok(Response::PortmapPage { mappings, next });
+        }
+        Request::Monitor { .. } => {
+            return Err(ApiError::new(
+                ErrorKind::BadRequest,
+                "monitor streams events: it is served per connection",
+            ));
+        }
+        _ => {}
+    }
+    let state = agent.lock().await;
+    let changes = matches!(
+        request,
+        Request::NodeSet(_)
+            | Request::NodeDel { .. }
+            | Request::EndpointAdd(_)
+            | Request::EndpointDel(_)
+            | Request::Gc(_)
+    );
+    let answer = match request {
         Request::NodeSet(entry) => node_set(agent, state, &entry),
         Request::NodeDel { subnet } => node_del(state, &subnet),
         Request::NodeList {} => Ok(Response::Nodes {
@@ -39,18 +84,21 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         Request::EndpointList {} => Ok(Response::Endpoints {
             endpoints: state.endpoints.list(),
         }),
-        Request::Stats {} => stats(&state),
-        Request::NatList { ip, port, limit } => nat_list(&state, ip, port, limit),
-        Request::Monitor { .. } => Err(ApiError::new(
-            ErrorKind::BadRequest,
-            "monitor streams events: it is served per connection",
+        Request::Status {}
+        | Request::Stats {}
+        | Request::NatList { .. }
+        | Request::NatPage { .. }
+        | Request::PortmapList {}
+        | Request::PortmapPage { .. }
+        | Request::Monitor { .. } => Err(ApiError::new(
+            ErrorKind::Internal,
+            "request answered without the lock",
         )),
-        Request::PortmapList {} => portmap_list(state),
-        Request::Status {} => {
-            let mut state = state;
-            Ok(Response::Status(agent.status(&mut state).await?))
-        }
+    };
+    if changes {
+        agent.note_change();
     }
+    answer
 }
 
 fn node_set(agent: &Agent, mut state: Locked<'_>, entry: &NodeEntry) -> Result<Response, ApiError> {
@@ -142,66 +190,90 @@ async fn gc(agent: &Agent, mut state: Locked<'_>, gc: &GcRequest) -> Result<Resp
     Ok(Response::Collected { removed })
 }
 
-fn stats(state: &NodeState) -> Result<Response, ApiError> {
-    Ok(Response::Stats {
-        counters: state
-            .dp
-            .counters()
-            .map_err(internal)?
-            .into_iter()
-            .map(|(c, v)| CounterValue {
-                name: c.name().to_owned(),
-                drop: c.is_drop(),
-                packets: v.packets,
-                bytes: v.bytes,
-            })
-            .collect(),
-    })
+fn listing_err(e: crate::nat::NatError) -> ApiError {
+    ApiError::new(ErrorKind::Internal, e.to_string())
 }
 
+/// The NAT entries with `ip` or `port` on either side, from the
+/// `offset`-th match on, at most `limit`: the table is read only that far.
 fn nat_list(
-    state: &NodeState,
+    agent: &Agent,
     ip: Option<Ipv4Addr>,
     port: Option<u16>,
-    limit: Option<usize>,
+    offset: usize,
+    limit: usize,
+    paged: bool,
 ) -> Result<Response, ApiError> {
-    let all = state.dp.nat_entries().map_err(internal)?;
-    let now = crate::nat::monotonic_ns();
+    let pin = PinLayout::new(&agent.config().pin_dir).map(map_names::NAT);
     let key = |a: Option<Ipv4Addr>| a.map(|a| rivet_common::ipv4_key(a.octets()));
     let (ip, wire_port) = (key(ip), port.map(u16::to_be));
-    let mut entries: Vec<rivet_api::NatFlow> = all
-        .iter()
-        .filter(|(k, e)| {
+    let page = crate::nat::nat_page(
+        &pin,
+        |k, e| {
             ip.is_none_or(|a| k.src == a || k.dst == a || e.addr == a)
                 && wire_port.is_none_or(|p| k.sport == p || k.dport == p || e.port == p)
-        })
-        .take(limit.unwrap_or(1000))
+        },
+        offset,
+        limit,
+    )
+    .map_err(listing_err)?;
+    let now = crate::nat::monotonic_ns();
+    let mut entries: Vec<rivet_api::NatFlow> = page
+        .items
+        .iter()
         .map(|(k, e)| nat_flow(k, e, now))
         .collect();
     entries.sort_by(|a, b| (&a.src, &a.dst, &a.dir).cmp(&(&b.src, &b.dst, &b.dir)));
+    let total = if page.complete {
+        page.read
+    } else {
+        usize::try_from(agent.nat_status().entries)
+            .unwrap_or(usize::MAX)
+            .max(page.read)
+    };
     Ok(Response::Nat {
         entries,
-        total: all.len(),
+        total,
+        next: page.next.filter(|_| paged),
     })
 }
 
-fn portmap_list(mut state: Locked<'_>) -> Result<Response, ApiError> {
-    let NodeState { dp, endpoints, .. } = &mut *state;
-    let owners: HashMap<Ipv4Addr, String> = endpoints
-        .list()
-        .into_iter()
-        .map(|ep| (ep.ip, ep.container_id))
+/// The hostPort mappings from the `offset`-th on, at most `limit`, each
+/// with the container that owns its pod address; and the next offset.
+async fn portmap_list(
+    agent: &Agent,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<rivet_api::PortmapEntry>, Option<usize>), ApiError> {
+    let pin = PinLayout::new(&agent.config().pin_dir).map(map_names::HOSTPORTS);
+    let page = crate::nat::hostport_page(&pin, offset, limit).map_err(listing_err)?;
+    let pods: Vec<Ipv4Addr> = page
+        .items
+        .iter()
+        .map(|(_, t)| Ipv4Addr::from(rivet_common::ipv4_from_key(t.pod_ip)))
         .collect();
-    let mut mappings: Vec<rivet_api::PortmapEntry> = dp
-        .list_hostports()
-        .map_err(internal)?
+    let owners: HashMap<Ipv4Addr, String> = if pods.is_empty() {
+        HashMap::new()
+    } else {
+        agent
+            .lock()
+            .await
+            .endpoints
+            .list()
+            .into_iter()
+            .filter(|ep| pods.contains(&ep.ip))
+            .map(|ep| (ep.ip, ep.container_id))
+            .collect()
+    };
+    let mut mappings: Vec<rivet_api::PortmapEntry> = page
+        .items
         .into_iter()
         .map(|(k, t)| {
             let pod_ip = Ipv4Addr::from(rivet_common::ipv4_from_key(t.pod_ip));
             rivet_api::PortmapEntry {
                 host_ip: (k.addr != 0).then(|| Ipv4Addr::from(rivet_common::ipv4_from_key(k.addr))),
                 host_port: u16::from_be(k.port),
-                protocol: if k.proto == 6 { "tcp" } else { "udp" }.into(),
+                protocol: Protocol::from_number(k.proto).to_string(),
                 pod_ip,
                 container_port: u16::from_be(t.port),
                 container_id: owners.get(&pod_ip).cloned(),
@@ -209,7 +281,7 @@ fn portmap_list(mut state: Locked<'_>) -> Result<Response, ApiError> {
         })
         .collect();
     mappings.sort_by_key(|m| (m.host_port, m.protocol.clone(), m.host_ip));
-    Ok(Response::Portmaps { mappings })
+    Ok((mappings, page.next))
 }
 
 /// A NAT entry as the API shows it.
@@ -228,12 +300,7 @@ fn nat_flow(k: &rivet_common::NatKey, e: &rivet_common::NatEntry, now: u64) -> r
     .map(|(_, name)| (*name).to_owned())
     .collect();
     rivet_api::NatFlow {
-        proto: match k.proto {
-            6 => "tcp".into(),
-            17 => "udp".into(),
-            1 => "icmp".into(),
-            p => p.to_string(),
-        },
+        proto: Protocol::from_number(k.proto).to_string(),
         dir: match k.dir {
             nat_dir::EGRESS => "egress",
             nat_dir::REPLY => "reply",

@@ -39,7 +39,6 @@ use prometheus_client::{
 use rivet_api::{AgentStatus, CounterValue, MapUsage};
 use tokio::net::TcpListener;
 
-use super::dispatch::dispatch;
 use crate::agent::{Agent, RequestMetrics};
 
 /// What one scrape reports, gathered by the agent.
@@ -216,6 +215,12 @@ impl Collector for Snapshot {
         )?;
         gauge(
             &mut encoder,
+            "rivet_status_age_milliseconds",
+            "Age of the status snapshot this scrape reports",
+            i64::try_from(s.age_ms).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut encoder,
             "rivet_uptime_seconds",
             "Seconds since the agent started",
             s.uptime_secs as i64,
@@ -239,30 +244,14 @@ pub fn encode(snapshot: Snapshot, requests: &RequestMetrics) -> Result<String, s
 }
 
 /// Ready, or why not (what `/readyz` answers).
-pub async fn readiness(agent: &Arc<Agent>) -> Result<(), String> {
-    // Not through `handle`: probes are not CNI STATUS requests.
-    match dispatch(agent, rivet_api::Request::Status {}).await {
-        Ok(rivet_api::Response::Status(s)) if s.ready => Ok(()),
-        Ok(rivet_api::Response::Status(s)) => {
-            Err(s.not_ready.unwrap_or_else(|| "not ready".into()))
-        }
-        Ok(other) => Err(format!("status: {other:?}")),
-        Err(e) => Err(e.to_string()),
-    }
+pub fn readiness(agent: &Agent) -> Result<(), String> {
+    agent.readiness()
 }
 
 /// Everything one metrics scrape reports.
-pub async fn snapshot(agent: &Arc<Agent>) -> Result<Snapshot, String> {
-    let status = match dispatch(agent, rivet_api::Request::Status {}).await {
-        Ok(rivet_api::Response::Status(s)) => s,
-        Ok(other) => return Err(format!("status: {other:?}")),
-        Err(e) => return Err(e.to_string()),
-    };
-    let counters = match dispatch(agent, rivet_api::Request::Stats {}).await {
-        Ok(rivet_api::Response::Stats { counters }) => counters,
-        Ok(other) => return Err(format!("stats: {other:?}")),
-        Err(e) => return Err(e.to_string()),
-    };
+pub fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
+    let status = agent.status();
+    let counters = agent.counters().map_err(|e| e.to_string())?;
     Ok(Snapshot {
         ready: status.ready,
         counters,
@@ -282,7 +271,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     match req.uri().path() {
-        "/metrics" => match snapshot(agent).await {
+        "/metrics" => match snapshot(agent) {
             Ok(snapshot) => match encode(snapshot, agent.request_metrics()) {
                 Ok(text) => reply(
                     StatusCode::OK,
@@ -294,7 +283,7 @@ async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Byt
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, e),
         },
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" => match readiness(agent).await {
+        "/readyz" => match readiness(agent) {
             Ok(()) => reply(StatusCode::OK, TEXT, "ready\n".into()),
             Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
         },

@@ -121,6 +121,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let publisher = tokio::spawn(Arc::clone(&agent).publish_status());
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -140,6 +141,7 @@ pub async fn serve(
             },
         }
     }
+    publisher.abort();
 }
 
 /// Decodes one API request (the bytes a client sent: a complete document,
@@ -270,6 +272,8 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::Stats {} => "stats",
         Request::NatList { .. } => "nat_list",
         Request::PortmapList {} => "portmap_list",
+        Request::NatPage { .. } => "nat_page",
+        Request::PortmapPage { .. } => "portmap_page",
         Request::Monitor { .. } => "monitor",
     }
 }

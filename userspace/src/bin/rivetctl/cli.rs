@@ -58,12 +58,24 @@ pub enum Command {
         /// Only entries with this port on either side.
         #[arg(long)]
         port: Option<u16>,
-        /// At most this many entries.
+        /// At most this many entries (the agent reads the table only as
+        /// far as the page needs).
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Skip this many matching entries (the next page: the offset the
+        /// previous one printed).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
     },
     /// hostPort mappings in the datapath, with the pod that owns each.
-    Portmaps,
+    Portmaps {
+        /// At most this many mappings.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Skip this many mappings.
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+    },
     /// Live datapath events, like `hubble observe`: every drop with its
     /// reason, interface and 5-tuple; with --flows also forwarded and
     /// passed packets (turned on in the datapath only while watched).

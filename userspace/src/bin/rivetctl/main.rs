@@ -87,12 +87,21 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Status => Request::Status {},
         Command::Endpoints => Request::EndpointList {},
         Command::Routes => Request::NodeList {},
-        Command::Nat { ip, port, limit } => Request::NatList {
+        Command::Nat {
+            ip,
+            port,
+            limit,
+            offset,
+        } => Request::NatPage {
             ip: *ip,
             port: *port,
+            offset: *offset,
             limit: Some(*limit),
         },
-        Command::Portmaps => Request::PortmapList {},
+        Command::Portmaps { limit, offset } => Request::PortmapPage {
+            offset: *offset,
+            limit: Some(*limit),
+        },
         Command::Node { action } => match action {
             NodeAction::Set {
                 subnet,

@@ -70,8 +70,8 @@ pub fn print_table(response: &Response, show_all: bool) {
         }
         Response::Status(s) => {
             println!(
-                "rivetd {}  node {}  up {}s",
-                s.version, s.node_name, s.uptime_secs
+                "rivetd {}  node {}  up {}s  (status gathered {} ms ago)",
+                s.version, s.node_name, s.uptime_secs, s.age_ms
             );
             println!(
                 "mode {}  cluster {}  node IP {}  remote nodes {}  store {}",
@@ -154,7 +154,11 @@ pub fn print_table(response: &Response, show_all: bool) {
                 );
             }
         }
-        Response::Nat { entries, total } => {
+        Response::Nat {
+            entries,
+            total,
+            next,
+        } => {
             println!(
                 "{:<5} {:<7} {:<22} {:<22} {:<22} {:<16} IDLE",
                 "PROTO", "DIR", "SOURCE", "DESTINATION", "TRANSLATED", "FLAGS"
@@ -172,25 +176,37 @@ pub fn print_table(response: &Response, show_all: bool) {
                 );
             }
             println!("{} shown, {} in the table", entries.len(), total);
-        }
-        Response::Portmaps { mappings } => {
-            println!(
-                "{:<15} {:>6} {:<5} {:<15} {:>6} CONTAINER",
-                "HOST-IP", "PORT", "PROTO", "POD-IP", "TO"
-            );
-            for m in mappings {
-                println!(
-                    "{:<15} {:>6} {:<5} {:<15} {:>6} {}",
-                    m.host_ip
-                        .map_or_else(|| "*".to_owned(), |ip| ip.to_string()),
-                    m.host_port,
-                    m.protocol,
-                    m.pod_ip.to_string(),
-                    m.container_port,
-                    m.container_id.as_deref().unwrap_or("-")
-                );
+            if let Some(next) = next {
+                println!("more: --offset {next}");
             }
         }
+        Response::PortmapPage { mappings, next } => {
+            print_portmaps(mappings);
+            if let Some(next) = next {
+                println!("more: --offset {next}");
+            }
+        }
+        Response::Portmaps { mappings } => print_portmaps(mappings),
         Response::Error(e) => println!("error: {e}"),
+    }
+}
+
+/// hostPort mappings, one a line.
+fn print_portmaps(mappings: &[rivet_api::PortmapEntry]) {
+    println!(
+        "{:<15} {:>6} {:<5} {:<15} {:>6} CONTAINER",
+        "HOST-IP", "PORT", "PROTO", "POD-IP", "TO"
+    );
+    for m in mappings {
+        println!(
+            "{:<15} {:>6} {:<5} {:<15} {:>6} {}",
+            m.host_ip
+                .map_or_else(|| "*".to_owned(), |ip| ip.to_string()),
+            m.host_port,
+            m.protocol,
+            m.pod_ip.to_string(),
+            m.container_port,
+            m.container_id.as_deref().unwrap_or("-")
+        );
     }
 }
