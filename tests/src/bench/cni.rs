@@ -6,9 +6,13 @@
 //! joined the node namespace, config on stdin, like a runtime.
 
 use std::{
+    io::{Read as _, Write as _},
     path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Instant,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
@@ -60,6 +64,71 @@ impl Variant {
             out.stderr
         );
         ms
+    }
+}
+
+/// `RIVET_BENCH_CNI_SCRAPE_MS=N`: one thread per rivet agent GETs its
+/// `/metrics` every N ms during the timed phases, in the agent's node
+/// namespace (127.0.0.1, port `RIVET_BENCH_CNI_SCRAPE_PORT`, default
+/// 9402) — a scraper that polls hard, to see what it costs ADDs.
+struct Scraper {
+    stop: Arc<AtomicBool>,
+    threads: Vec<(&'static str, ScrapeThread)>,
+}
+
+/// A scraper thread: its scrapes' milliseconds and failures.
+type ScrapeThread = std::thread::JoinHandle<(Vec<f64>, u64)>;
+
+impl Scraper {
+    fn start(every: Duration, port: u16, nodes: &[(&'static str, PathBuf)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = nodes
+            .iter()
+            .map(|(name, node)| {
+                let (stop, node) = (Arc::clone(&stop), node.clone());
+                let t = std::thread::spawn(move || {
+                    rivet::netns::enter(&node).expect("node netns");
+                    let (mut took, mut failed) = (Vec::new(), 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        match scrape(port) {
+                            Ok(()) => took.push(t.elapsed().as_secs_f64() * 1e3),
+                            Err(_) => failed += 1,
+                        }
+                        std::thread::sleep(every.saturating_sub(t.elapsed()));
+                    }
+                    (took, failed)
+                });
+                (*name, t)
+            })
+            .collect();
+        Self { stop, threads }
+    }
+
+    /// Stops the scrapers; per agent: (name, scrape ms samples, failures).
+    fn finish(self) -> Vec<(&'static str, Vec<f64>, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|(name, t)| {
+                let (took, failed) = t.join().expect("scraper");
+                (name, took, failed)
+            })
+            .collect()
+    }
+}
+
+/// One GET /metrics on 127.0.0.1:`port`, the whole answer read.
+fn scrape(port: u16) -> std::io::Result<()> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    if out.starts_with(b"HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("not 200"))
     }
 }
 
@@ -195,6 +264,24 @@ pub fn run(opts: &Options) -> Report {
         "bridge: reference bridge + host-local from containernetworking-plugins (Debian)".into(),
     );
 
+    let scrape_every = std::env::var("RIVET_BENCH_CNI_SCRAPE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis);
+    let scrape_port = std::env::var("RIVET_BENCH_CNI_SCRAPE_PORT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::metrics::METRICS_PORT);
+    let scraper = scrape_every.map(|every| {
+        let agents: Vec<(&'static str, PathBuf)> = variants
+            .iter()
+            .filter(|v| v.name.starts_with("rivet"))
+            .map(|v| (v.name, v.node.clone()))
+            .collect();
+        Scraper::start(every, scrape_port, &agents)
+    });
+
     let started = Instant::now();
     // The sequential phase runs on one thread of its own that moves into
     // each variant's node namespace before its call (a runtime calls
@@ -289,6 +376,18 @@ pub fn run(opts: &Options) -> Report {
         for i in 0..n {
             let out = v.del(i);
             assert!(out.ok, "{} DEL: {}", v.name, out.stdout);
+        }
+    }
+    if let (Some(scraper), Some(every)) = (scraper, scrape_every) {
+        for (name, took, failed) in scraper.finish() {
+            report.notes.push(format!(
+                "{name}: /metrics scraped every {} ms during the timed phases: {} scrapes, {failed} failed, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                every.as_millis(),
+                took.len(),
+                percentile(&took, 50.0),
+                percentile(&took, 99.0),
+                took.iter().copied().fold(0.0, f64::max),
+            ));
         }
     }
     progress("");
