@@ -25,7 +25,6 @@
 //! | `progtest` | per-program tests with `BPF_PROG_TEST_RUN` (below) |
 //! | `metrics` | GET from the agent's HTTP port inside a node namespace; Prometheus sample lookups |
 //! | `cni`, `cri` | plugins run like a runtime (env + stdin, result/error JSON parsed; `Node::assert_no_pod_state` checks veths, pins, records, map entries and routes are all gone); containerd driven through CRI |
-//! | `bench` | `rivet-bench` (`cargo xtask bench`): one file per benchmark, each building its own world, interleaving variants and writing `report.json`, `report.md` and SVG plots (`plot`) under `target/bench/<timestamp>/`; `guard` is the regression check |
 //!
 //! Per-program tests (`tests/tests/datapath*.rs`) load a private copy of the
 //! object (no pins) in a fresh namespace with two veth pairs standing for two
@@ -37,7 +36,7 @@
 //! with ARP and unknown ethertypes. `progtest` also builds tunnel frames, turns
 //! masquerade on, can load with a small NAT table, and times a path
 //! (`Harness::time`: mean kernel-measured duration of single runs), which
-//! `bench prog-cost` uses.
+//! the prog-cost benchmark (`rivet-bench`, in `bench/`) uses.
 //!
 //! Integration tests, one file per concern in `tests/tests/`. Operator-facing:
 //! `operator.rs` (metrics scraped over HTTP in the node namespace, `/healthz`,
@@ -60,7 +59,6 @@
 //! hostPort vs transit), `limits.rs` (full endpoints and routes maps).
 
 pub mod agent;
-pub mod bench;
 pub mod capture;
 pub mod cni;
 pub mod continuity;

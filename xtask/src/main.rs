@@ -1,6 +1,6 @@
 //! `cargo xtask`: the project's one entry point for setup, build, test,
-//! load/unload, demo and bench. Every command runs `setup` first (idempotent,
-//! seconds when everything is present).
+//! load/unload, demo, bench and the program-size guard. Every command runs
+//! `setup` first (idempotent, seconds when everything is present).
 //!
 //! xtask depends on nothing of the project itself, so it builds on a fresh
 //! machine before the eBPF toolchain exists.
@@ -105,11 +105,22 @@ enum Cmd {
         #[arg(last = true)]
         rest: Vec<String>,
     },
-    /// Benchmarks (see BENCHMARKS.md). `--check`: the regression guard
-    /// only (program size vs tests/bench-baseline.json, seconds; with
-    /// `--update-baseline --reason "why"` rewrites the baseline).
+    /// Benchmarks (see BENCHMARKS.md), run by `rivet-bench` (bench/).
+    /// `--check`: the program-size guard instead (`cargo xtask guard`).
     Bench {
-        /// Arguments for the bench runner (e.g. `same-node --pairs 5`).
+        /// Arguments for the bench runner (e.g. `same-node --pairs 5`;
+        /// `--help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The program-size regression guard (also `bench --check`; run by
+    /// `test` before the tests): each program's verified instructions and
+    /// xlated size vs tests/bench-baseline.json, failing on growth over
+    /// 15 % (seconds). `--update-baseline --reason "why"` rewrites the
+    /// baseline.
+    Guard {
+        /// Arguments for `rivet-guard` (`--update-baseline`, `--reason`,
+        /// `--baseline`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -277,22 +288,17 @@ fn run(cmd: Cmd) -> Result<()> {
                     .args(&rest),
             )
         }
-        Cmd::Bench { args } if args.iter().any(|a| a == "--check") => bench_check(&args),
+        Cmd::Guard { args } => guard(&args),
+        Cmd::Bench { args } if args.iter().any(|a| a == "--check") => {
+            let rest: Vec<String> = args.into_iter().filter(|a| a != "--check").collect();
+            guard(&rest)
+        }
         Cmd::Bench { args } => {
             build()?;
             run_cmd(
                 cargo()
                     .env("RIVET_CNI_BIN", static_cni(true)?)
-                    .args([
-                        "run",
-                        "--release",
-                        "--quiet",
-                        "-p",
-                        "rivet-tests",
-                        "--bin",
-                        "rivet-bench",
-                        "--",
-                    ])
+                    .args(["run", "--release", "--quiet", "-p", "rivet-bench", "--"])
                     .args(args),
             )
         }
@@ -300,21 +306,14 @@ fn run(cmd: Cmd) -> Result<()> {
     }
 }
 
-/// The regression guard (`rivet-bench --check`): needs only the embedded
-/// object, so the debug build of rivet-tests does (seconds when `cargo
-/// test` has built it), not the release build of everything.
-fn bench_check(args: &[String]) -> Result<()> {
+/// The program-size guard: `rivet-guard` (xtask/guard), a crate of its
+/// own because xtask itself depends on nothing of the project. It needs
+/// only the embedded object, so the debug build does (seconds once rivet
+/// is built), not the release build of everything.
+fn guard(args: &[String]) -> Result<()> {
     run_cmd(
         cargo()
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "rivet-tests",
-                "--bin",
-                "rivet-bench",
-                "--",
-            ])
+            .args(["run", "--quiet", "-p", "rivet-guard", "--"])
             .args(args),
     )
 }
@@ -390,8 +389,8 @@ fn test(filter: Option<&str>, no_lint: bool) -> Result<()> {
     run_cmd(cargo().args(["build", "-p", "rivet", "-p", "rivet-cni"]))?;
     let cni = static_cni(false)?;
     // Gate on program size (verified instructions, xlated bytes) before
-    // the tests: deterministic, seconds (see `cargo xtask bench --check`).
-    bench_check(&["--check".to_owned()])?;
+    // the tests: deterministic, seconds (see `cargo xtask guard`).
+    guard(&[])?;
     let mut cmd = cargo();
     cmd.env("RIVET_CNI_BIN", &cni);
     cmd.args([

@@ -182,8 +182,8 @@ use std::{
 
 use aya::programs::tc::{NlOptions, TcAttachOptions, TcAttachType};
 
-use super::{Options, Report, progress};
-use crate::{
+use crate::{Options, Report, progress};
+use rivet_tests::{
     Netns, World,
     packet::{ETH_P_IP, Ipv4, eth, frame},
     unique_prefix,
@@ -358,8 +358,8 @@ fn routed_pair(node: &Netns, prefix: &str, i: u8) -> (Netns, Netns, Vec<u8>) {
             "link",
         ]);
         pod.ip(&["route", "add", "default", "via", "169.254.1.1"]);
-        let pod_mac = pod.exec(|| crate::progtest::link_mac("eth0"));
-        let host_mac = node.exec(|| crate::progtest::link_mac(&host));
+        let pod_mac = pod.exec(|| rivet_tests::progtest::link_mac("eth0"));
+        let host_mac = node.exec(|| rivet_tests::progtest::link_mac(&host));
         node.ip(&[
             "neigh",
             "replace",
@@ -450,8 +450,8 @@ pub fn run(opts: &Options) -> Report {
     ];
     // The same bridge-netfilter setting in every namespace of every
     // variant, read back.
-    let spaces_all = || super::world_spaces(&world).chain([&node, &e_a, &e_b, &r_a, &r_b]);
-    let kernel_at_setup = super::bridge_nf_off(spaces_all());
+    let spaces_all = || crate::world_spaces(&world).chain([&node, &e_a, &e_b, &r_a, &r_b]);
+    let kernel_at_setup = crate::bridge_nf_off(spaces_all());
     // A bound UDP socket at each receiver (never read: datagrams past its
     // buffer count as receive errors, and none answers port-unreachable).
     let sinks: Vec<std::net::UdpSocket> = lanes
@@ -484,7 +484,7 @@ pub fn run(opts: &Options) -> Report {
     let lane_refs: Vec<&Lane<'_>> = lanes.iter().collect();
     let started = Instant::now();
     for round in 0..=rounds {
-        for l in super::rotated(&lane_refs, round as usize) {
+        for l in crate::rotated(&lane_refs, round as usize) {
             progress(&format!(
                 "pps: round {round}/{rounds} {:<16} [{:.0}s]",
                 l.name,
@@ -521,9 +521,9 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("pps: done in {:.0}s", started.elapsed().as_secs_f64());
-    let kernel_at_end = super::bridge_nf_read(spaces_all());
+    let kernel_at_end = crate::bridge_nf_read(spaces_all());
     report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
-    report.notes.push(format!("order: {}", super::ROTATION));
+    report.notes.push(format!("order: {}", crate::ROTATION));
     report.notes.push(format!(
         "one sender thread on CPU 0 in the client pod blasts one 60-byte frame (64 on the wire: IPv4/UDP, 18 bytes of payload) with sendmmsg({BATCH}) on an AF_PACKET socket bound to eth0 with PACKET_QDISC_BYPASS, for {} s per sample, {rounds} interleaved rounds after a warm-up of {} s; rx_mpps: datagrams that reached UDP in the server pod (InDatagrams + InErrors + NoPorts of its /proc/net/snmp; a bound socket nobody reads, so past its buffer they count as receive errors) per second of sending; tx_mpps: frames the socket accepted",
         sample.as_secs_f64(),

@@ -6,12 +6,12 @@ use std::{
     time::Instant,
 };
 
-use super::{
+use crate::{
     CpuSample, Options, Report,
     conn::{connection_loop, echo_server, one_byte_server, ping_pong},
     iperf3_cpu, ksoftirqd_secs, percentile, progress,
 };
-use crate::{
+use rivet_tests::{
     Netns, World,
     cni::{Plugin, result_ip},
     traffic::{iperf3_server, ping},
@@ -264,15 +264,15 @@ pub fn run(opts: &Options) -> Report {
     }
     // The same bridge-netfilter setting in every namespace of every
     // variant (the reference bridge's node included), read back.
-    let spaces_all = || spaces.iter().chain(super::world_spaces(&world));
-    let kernel_at_setup = super::bridge_nf_off(spaces_all());
-    report.notes.push(format!("order: {}", super::ROTATION));
+    let spaces_all = || spaces.iter().chain(crate::world_spaces(&world));
+    let kernel_at_setup = crate::bridge_nf_off(spaces_all());
+    report.notes.push(format!("order: {}", crate::ROTATION));
     let mut short_of_rate: Vec<String> = Vec::new();
     let total = (rounds + 1) * VARIANTS.len() as u32;
     let started = Instant::now();
     let mut done = 0;
     for round in 0..=rounds {
-        for variant in super::rotated(&VARIANTS, round as usize) {
+        for variant in crate::rotated(&VARIANTS, round as usize) {
             done += 1;
             progress(&format!(
                 "same-node: round {round}/{rounds} {variant:<6} [{done}/{total}, {:.0}s]",
@@ -381,7 +381,7 @@ pub fn run(opts: &Options) -> Report {
             short_of_rate.join("; ")
         )
     });
-    let kernel_at_end = super::bridge_nf_read(spaces_all());
+    let kernel_at_end = crate::bridge_nf_read(spaces_all());
     report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
 
     for p in cni_pods {

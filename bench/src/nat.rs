@@ -18,12 +18,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
+use crate::{
     Options, Report,
     conn::{connection_loop, one_byte_server},
     percentile, progress,
 };
-use crate::{Netns, World};
+use rivet_tests::{Netns, World};
 
 const HOST_PORT: u16 = 8080;
 /// Ports of the other mappings: FILLER_BASE, FILLER_BASE + 1, ...
@@ -193,7 +193,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
     // The same bridge-netfilter setting in every namespace of every
     // variant (nodes, pods, the outside host, the underlay), read back.
-    let kernel_at_setup = super::bridge_nf_off(super::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
+    let kernel_at_setup = crate::bridge_nf_off(crate::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
     one_byte_server(&w.pods[pod].ns, 80);
     one_byte_server(&ipt.pod, 80);
     one_byte_server(&nft.pod, 80);
@@ -256,7 +256,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         filler = f;
         if let Some(p) = filler {
             // The filler pod's namespace, like every other.
-            super::bridge_nf_off([&w.pods[p].ns]);
+            crate::bridge_nf_off([&w.pods[p].ns]);
         }
         report.add(&prog, "rivet", rivet_ms);
         let outside = w.outside.as_ref().expect("outside");
@@ -269,7 +269,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             assert!(!lat.is_empty(), "{name}: no connection succeeded at N={n}");
         }
         for round in 0..opts.rounds {
-            for (name, dst) in super::rotated(&targets, round as usize) {
+            for (name, dst) in crate::rotated(&targets, round as usize) {
                 progress(&format!(
                     "nat: N={n} round {}/{} {name} [{:.0}s]",
                     round + 1,
@@ -308,7 +308,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         );
     }
     for round in 0..opts.rounds {
-        for (name, ns) in super::rotated(&clients, round as usize) {
+        for (name, ns) in crate::rotated(&clients, round as usize) {
             progress(&format!(
                 "nat: masquerade round {}/{} {name} [{:.0}s]",
                 round + 1,
@@ -332,11 +332,11 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         "nat: done in {:.0}s\n",
         started.elapsed().as_secs_f64()
     ));
-    let kernel_at_end = super::bridge_nf_read(super::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
+    let kernel_at_end = crate::bridge_nf_read(crate::world_spaces(&w).chain([&ipt.pod, &nft.pod]));
     report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
     report.notes.push(format!(
         "order: {} (per size and for the masquerade; the warm-ups run in the listed order)",
-        super::ROTATION
+        crate::ROTATION
     ));
     report
 }

@@ -2,7 +2,7 @@
 //!
 //! 1. BPF_PROG_TEST_RUN: each program path runs on a crafted packet with
 //!    the maps filled, timed by the kernel, net of an empty TC program
-//!    (`r0 = TC_ACT_OK; exit`, see [`super::pps`]) timed the same way. How
+//!    (`r0 = TC_ACT_OK; exit`, see [`crate::pps`]) timed the same way. How
 //!    a path is timed depends on what it does to its packet:
 //!    - it leaves the packet as it was (pass, drop, hostPort miss): the
 //!      kernel's own `repeat` (10^6 runs on one skb); afterwards the output
@@ -48,8 +48,8 @@ use rivet_common::{
     nat_dir, program_names, route_mode,
 };
 
-use super::{Options, Report, progress};
-use crate::{
+use crate::{Options, Report, progress};
+use rivet_tests::{
     World,
     packet::{ETH_P_ARP, ETH_P_IP, Ipv4, arp, checksum, eth, frame},
     progtest::{
@@ -626,7 +626,7 @@ pub fn run(opts: &Options) -> Report {
     with_harness(|h| {
         prepare(h);
         let paths = paths(h);
-        let empty = super::pps::load_empty().expect("the empty program");
+        let empty = crate::pps::load_empty().expect("the empty program");
         let mut ring: RingBuf<MapData> =
             RingBuf::try_from(h.ebpf.take_map("EVENTS").expect("EVENTS map")).expect("ring");
         // The first SNAT packet creates the flow; the timed ones find it.
@@ -753,7 +753,7 @@ fn live(opts: &Options, r: &mut Report) {
     // The bridge-netfilter setting of every other benchmark (the live
     // figures' namespaces only; BPF_PROG_TEST_RUN crosses no bridge).
     let kernel_at_setup =
-        super::bridge_nf_off(super::world_spaces(&same).chain(super::world_spaces(&cross)));
+        crate::bridge_nf_off(crate::world_spaces(&same).chain(crate::world_spaces(&cross)));
     // Held for the measurement; closing it turns the statistics off.
     let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("BPF_ENABLE_STATS");
     // (metric, world, node, program) read around each transfer.
@@ -886,7 +886,7 @@ fn live(opts: &Options, r: &mut Report) {
     ));
     r.notes.push("live same-node: rivetd, two pods on one node (from_pod sees the data one way and the ACKs the other way, both bpf_redirect_peer); live vxlan: two rivetd nodes (static cluster, vxlan) — sender from_pod encapsulates the data, receiver from_uplink decapsulates it, and the ACKs go the other way".into());
     let kernel_at_end =
-        super::bridge_nf_read(super::world_spaces(&same).chain(super::world_spaces(&cross)));
+        crate::bridge_nf_read(crate::world_spaces(&same).chain(crate::world_spaces(&cross)));
     r.set_kernel_settings(kernel_at_setup, &kernel_at_end);
     drop(cross);
     drop(same);
@@ -912,7 +912,7 @@ fn record_live(r: &mut Report, name: &str, before: (u64, u64), after: (u64, u64)
 
 /// iperf3 UDP, 64-byte datagrams, unlimited rate, from `client` to
 /// `dst:port` for `secs` s; retries while the server is starting.
-fn udp_flood(client: &crate::Netns, dst: Ipv4Addr, port: u16, secs: u32) {
+fn udp_flood(client: &rivet_tests::Netns, dst: Ipv4Addr, port: u16, secs: u32) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let (dst, port, secs) = (dst.to_string(), port.to_string(), secs.to_string());
     loop {
@@ -1108,7 +1108,7 @@ fn time_probes(h: &Harness, probes: &[Probe], empty: &SchedClassifier) -> Vec<(u
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let prog = super::pps::load_insns("bench_probe", &p.insns)
+            let prog = crate::pps::load_insns("bench_probe", &p.insns)
                 .unwrap_or_else(|e| panic!("{}: {e}", p.metric));
             let (v, ns, len) = test_run(&prog, &frame, &ctx, &mut out, REPEAT_RUNS);
             assert_eq!(v, 0, "{}: the helper failed ({v})", p.metric);

@@ -1,8 +1,10 @@
 //! `cargo xtask bench`: rivet measured side by side with its peers in one
-//! run. See BENCHMARKS.md for the method and the latest results.
+//! run. See BENCHMARKS.md for the method and the latest results. The
+//! program-size regression guard is not here: `cargo xtask bench --check`
+//! runs `rivet-guard` (xtask/guard).
 
 use clap::{Parser, ValueEnum};
-use rivet_tests::bench::{self, Machine, Options};
+use rivet_bench::{self as bench, Machine, Options};
 
 #[derive(Parser)]
 #[command(
@@ -24,20 +26,6 @@ struct Args {
     /// Smoke run: fewer, shorter samples.
     #[arg(long)]
     quick: bool,
-    /// Regression guard instead of benchmarks: each program's verified
-    /// instructions and xlated size (kernel program info) against the
-    /// committed baseline; fails on growth over 15% (seconds).
-    #[arg(long, conflicts_with_all = ["which", "quick"])]
-    check: bool,
-    /// With --check: rewrite the baseline with the current figures.
-    #[arg(long, requires_all = ["check", "reason"])]
-    update_baseline: bool,
-    /// Why the baseline changes (recorded in it; required, not empty).
-    #[arg(long, requires = "update_baseline")]
-    reason: Option<String>,
-    /// Baseline file (default: tests/bench-baseline.json).
-    #[arg(long, requires = "check")]
-    baseline: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,13 +55,6 @@ enum Which {
 
 fn main() {
     let args = Args::parse();
-    if args.check {
-        let path = args.baseline.unwrap_or_else(bench::guard::default_baseline);
-        let reason = args
-            .update_baseline
-            .then_some(args.reason.as_deref().unwrap_or(""));
-        std::process::exit(bench::guard::main(&path, reason));
-    }
     let opts = if args.quick {
         // A smoke run of every benchmark: `cargo xtask bench --quick`
         // within about 4 minutes, an incremental build included (the

@@ -47,8 +47,8 @@ use rivet_api::{
 };
 use rivet_common::{EndpointInfo, RouteInfo, endpoint_flags, ipv4_from_key, ipv4_key, map_names};
 
-use super::{Options, Report, percentile, progress};
-use crate::{Netns, World, traffic::ChildGuard, unique_prefix};
+use crate::{Options, Report, percentile, progress};
+use rivet_tests::{Netns, World, traffic::ChildGuard, unique_prefix};
 
 /// Entries per bulk measurement (routes: capped by the ROUTES map's size).
 const ENTRIES: usize = 10_000;
@@ -871,7 +871,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         ));
         // The steps rotate like every benchmark's variants.
         let steps = ["routes", IP_ROUTE, "endpoints", "hostports", NFT];
-        for step in super::rotated(&steps, round as usize) {
+        for step in crate::rotated(&steps, round as usize) {
             let (metric, variant, (ins, del)) = match step {
                 "routes" => ("route", CODE, code_routes(&mut private, r)),
                 IP_ROUTE => ("route", IP_ROUTE, ip_routes(&ipr, r)),
@@ -915,7 +915,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     );
     report.notes.push(format!(
         "order of the bulk map rounds (agent code routes, ip route, agent code endpoints, agent code hostPorts, nft map): {}",
-        super::ROTATION
+        crate::ROTATION
     ));
     report.notes.push(format!(
         "load average before {load_before}, after {} (2 CPUs; other builds may share the machine)",

@@ -10,7 +10,7 @@ use std::{
 
 use plotters::prelude::*;
 
-use super::{Report, Series};
+use crate::{Report, Series};
 
 const PALETTE: [RGBColor; 6] = [
     RGBColor(0xd6, 0x27, 0x28),

@@ -22,8 +22,8 @@ use std::{net::Ipv4Addr, time::Instant};
 
 use ipnet::Ipv4Net;
 
-use super::{Options, Report, iperf3_cpu, percentile, progress};
-use crate::{
+use crate::{Options, Report, iperf3_cpu, percentile, progress};
+use rivet_tests::{
     Netns, World, flannel,
     traffic::{iperf3_server, ping_times},
 };
@@ -125,11 +125,11 @@ pub fn run(opts: &Options) -> Report {
     // The same bridge-netfilter setting in every namespace of every
     // variant (the flannel nodes' cni0 and every underlay br0 included).
     let spaces_all = || {
-        super::world_spaces(&fw)
+        crate::world_spaces(&fw)
             .chain([&fpa.ns, &fpb.ns])
-            .chain(rivet.iter().flat_map(|r| super::world_spaces(&r.1)))
+            .chain(rivet.iter().flat_map(|r| crate::world_spaces(&r.1)))
     };
-    let kernel_at_setup = super::bridge_nf_off(spaces_all());
+    let kernel_at_setup = crate::bridge_nf_off(spaces_all());
     let endpoints = |variant: &str| -> (&Netns, &Netns, Ipv4Addr) {
         match variant {
             "underlay" => (&fw.nodes[0].ns, &fw.nodes[1].ns, fw.nodes[1].ip),
@@ -191,7 +191,7 @@ pub fn run(opts: &Options) -> Report {
             }
         }
         for round in 0..=rounds {
-            for variant in super::rotated(&variants, round as usize) {
+            for variant in crate::rotated(&variants, round as usize) {
                 done += 1;
                 progress(&format!(
                     "overlay ({behaviour}): round {round}/{rounds} {variant:<18} [{done}/{total}, {:.0}s]",
@@ -248,9 +248,9 @@ pub fn run(opts: &Options) -> Report {
     }
     progress("");
     eprintln!("overlay: done in {:.0}s", started.elapsed().as_secs_f64());
-    let kernel_at_end = super::bridge_nf_read(spaces_all());
+    let kernel_at_end = crate::bridge_nf_read(spaces_all());
     report.set_kernel_settings(kernel_at_setup, &kernel_at_end);
-    report.notes.push(format!("order: {}", super::ROTATION));
+    report.notes.push(format!("order: {}", crate::ROTATION));
     let teardown = Instant::now();
     drop((fpa, fpb));
     // Torn down side by side too (agents stopped, pins and namespaces

@@ -1,5 +1,6 @@
-//! Regression guard (`cargo xtask bench --check`): gates on what the kernel
-//! reports deterministically instead of timings. Every program of the
+//! Program-size regression guard (`rivet-guard`, run by `cargo xtask bench
+//! --check` and by `cargo xtask test` before the tests): gates on what the
+//! kernel reports deterministically instead of timings. Every program of the
 //! embedded object is loaded the way the agent loads it
 //! ([`rivet::datapath::Datapath::load`], maps and programs pinned in a
 //! private pin directory removed afterwards; nothing is attached), and the
@@ -10,12 +11,17 @@
 //! from the baseline or gone from the object; the JIT size is shown but not
 //! gated (it depends on the machine's JIT). `--update-baseline --reason
 //! "why"` rewrites the baseline, which is then committed with the change.
+//!
+//! A crate of its own beside xtask: xtask depends on nothing of the project
+//! (it builds before the eBPF toolchain exists) and runs this one through
+//! cargo; the benchmarks (`rivet-bench`) do not take part.
 
 use std::{
     collections::BTreeMap,
     fmt::{self, Write as _},
     io,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use aya::{
@@ -45,9 +51,23 @@ pub fn headroom(now: &BTreeMap<String, Figures>) -> Option<String> {
     ))
 }
 
-/// The committed baseline (`tests/bench-baseline.json`).
+/// The committed baseline (`tests/bench-baseline.json` in the workspace;
+/// this crate lives in `xtask/guard`).
 pub fn default_baseline() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-baseline.json")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .nth(2)
+        .unwrap_or(manifest)
+        .join("tests/bench-baseline.json")
+}
+
+/// A short name unique to this process and call: `rt<pid hex><n>` (the
+/// harness's prefix shape, so leftovers are recognisable).
+fn unique_prefix() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("rt{:x}{n:x}", std::process::id() & 0xfffff)
 }
 
 /// What the kernel reports about one loaded program.
@@ -175,7 +195,7 @@ impl PrivatePins {
     fn new() -> Result<Self, GuardError> {
         let bpffs = Path::new(rivet::config::DEFAULT_BPFFS);
         rivet::pins::ensure_bpffs(bpffs).map_err(GuardError::Pins)?;
-        let layout = PinLayout::new(bpffs.join(format!("rivet-guard-{}", crate::unique_prefix())));
+        let layout = PinLayout::new(bpffs.join(format!("rivet-guard-{}", unique_prefix())));
         // The loader reuses pinned maps: start from an empty directory.
         layout.remove_all().map_err(GuardError::Pins)?;
         Ok(Self { layout })
@@ -458,8 +478,25 @@ pub fn new_baseline(
 
 /// Today's date, UTC (YYYY-MM-DD).
 fn today() -> String {
-    let t = super::timestamp();
-    format!("{}-{}-{}", &t[0..4], &t[4..6], &t[6..8])
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    civil_date(i64::try_from(secs / 86_400).unwrap_or(0))
+}
+
+/// The date (YYYY-MM-DD) `days` days after 1970-01-01 (Howard Hinnant's
+/// civil-from-days).
+fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// `uname -r`.
@@ -474,7 +511,7 @@ const HOW_TO_UPDATE: &str = "If the change is intended, update the baseline in t
      cargo xtask bench --check --update-baseline --reason \"<why the programs changed>\"\n  \
      git commit tests/bench-baseline.json <your files>";
 
-/// `rivet-bench --check [--update-baseline --reason R]`: prints the table
+/// `rivet-guard [--update-baseline --reason R]`: prints the table
 /// and returns the exit code (0 pass or baseline written, 1 regression or
 /// program set changed, 2 error).
 pub fn main(baseline_path: &Path, update_reason: Option<&str>) -> i32 {
@@ -722,6 +759,23 @@ mod tests {
     }
 
     #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+        assert_eq!(civil_date(20_788), "2026-12-01");
+    }
+
+    #[test]
+    fn default_baseline_is_the_committed_file() {
+        assert!(default_baseline().ends_with("tests/bench-baseline.json"));
+        assert!(
+            default_baseline().exists(),
+            "{}",
+            default_baseline().display()
+        );
+    }
+
+    #[test]
     fn baseline_round_trip_and_reason() {
         assert!(matches!(
             new_baseline("  ", BTreeMap::new()),
@@ -730,7 +784,7 @@ mod tests {
         let b = new_baseline(" why ", map(&[("p", figs(1, 2, 3))])).expect("baseline");
         assert_eq!(b.reason, "why");
         assert_eq!(b.updated.len(), 10, "{}", b.updated);
-        let dir = std::env::temp_dir().join(format!("{}-baseline", crate::unique_prefix()));
+        let dir = std::env::temp_dir().join(format!("{}-baseline", unique_prefix()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("b.json");
         write_baseline(&path, &b).expect("write");

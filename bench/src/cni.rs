@@ -17,8 +17,8 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::{Options, Report, percentile, progress};
-use crate::{
+use crate::{Options, Report, percentile, progress};
+use rivet_tests::{
     Netns, World,
     cni::{Outcome, Plugin, rivet_conf},
     unique_prefix,
@@ -228,14 +228,14 @@ pub fn run(opts: &Options) -> Report {
     );
     // The same bridge-netfilter setting in every namespace of every
     // variant (nodes, underlay, pods), read back.
-    let spaces_all = |variants: &[Variant]| -> super::Settings {
-        let spaces = super::world_spaces(&world)
+    let spaces_all = |variants: &[Variant]| -> crate::Settings {
+        let spaces = crate::world_spaces(&world)
             .chain([&bridge_node])
             .chain(variants.iter().flat_map(|v| &v.pods));
-        super::bridge_nf_read(spaces)
+        crate::bridge_nf_read(spaces)
     };
-    let kernel_at_setup = super::bridge_nf_off(
-        super::world_spaces(&world)
+    let kernel_at_setup = crate::bridge_nf_off(
+        crate::world_spaces(&world)
             .chain([&bridge_node])
             .chain(variants.iter().flat_map(|v| &v.pods)),
     );
@@ -272,7 +272,7 @@ pub fn run(opts: &Options) -> Report {
     let scrape_port = std::env::var("RIVET_BENCH_CNI_SCRAPE_PORT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(crate::metrics::METRICS_PORT);
+        .unwrap_or(rivet_tests::metrics::METRICS_PORT);
     let scraper = scrape_every.map(|every| {
         let agents: Vec<(&'static str, PathBuf)> = variants
             .iter()
@@ -301,7 +301,7 @@ pub fn run(opts: &Options) -> Report {
                     "cni: sequential ADD {i}/{n} [{:.0}s]",
                     started.elapsed().as_secs_f64()
                 ));
-                for k in super::rotated(&order, i) {
+                for k in crate::rotated(&order, i) {
                     samples[k].0.push(variants[k].timed(true, i));
                 }
             }
@@ -310,7 +310,7 @@ pub fn run(opts: &Options) -> Report {
                     "cni: sequential DEL {i}/{n} [{:.0}s]",
                     started.elapsed().as_secs_f64()
                 ));
-                for k in super::rotated(&order, i) {
+                for k in crate::rotated(&order, i) {
                     samples[k].1.push(variants[k].timed(false, i));
                 }
             }

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::Netns;
+use rivet_tests::Netns;
 
 /// How long a probe waits for its 1-byte answer.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,7 +1,13 @@
-//! Benchmark plumbing: variants measured interleaved (A B C, B C A,
-//! C A B, …: each round starts one variant later), medians and spread,
-//! ratios to a baseline from the same run, the kernel settings every
-//! variant runs with, results as JSON and Markdown under
+//! rivet's benchmarks (`rivet-bench`, run by `cargo xtask bench`; method
+//! and results in BENCHMARKS.md): one module per benchmark, each building
+//! its own world with the harness of `rivet-tests` (namespaces, agents,
+//! traffic, packets, `BPF_PROG_TEST_RUN`), interleaving variants and
+//! writing `report.json`, `report.md` and SVG plots ([`plot`]).
+//!
+//! This module is the plumbing: variants measured interleaved (A B C,
+//! B C A, C A B, …: each round starts one variant later), medians and
+//! spread, ratios to a baseline from the same run, the kernel settings
+//! every variant runs with, results as JSON and Markdown under
 //! `target/bench/<timestamp>/`.
 
 use std::{
@@ -13,12 +19,11 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{Netns, World};
+use rivet_tests::{Netns, World};
 
 pub mod cni;
 pub mod conn;
 pub mod control;
-pub mod guard;
 pub mod nat;
 pub mod overlay;
 pub mod plot;
