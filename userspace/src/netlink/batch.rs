@@ -3,7 +3,9 @@
 //! namespace of the thread that opened it. The kernel handles the messages
 //! of one write in order, so a batch costs one round trip instead of one per
 //! request — and needs no async runtime, which matters on the short-lived
-//! thread that configures a pod's namespace.
+//! thread that configures a pod's namespace. The socket, framing and
+//! acknowledgements are `rivet-netlink`'s [`RouteSocket`] (the CNI plugin's
+//! too); here each request gets its operation's name for errors.
 
 use std::net::Ipv4Addr;
 
