@@ -39,6 +39,12 @@ fn metrics_move_with_traffic_and_health_answers() {
     assert_eq!(code, 200, "{text}");
     assert_eq!(sample(&text, "rivet_endpoints"), Some(2.0), "{text}");
     assert_eq!(sample(&text, "rivet_ready"), Some(1.0));
+    // From the agent's published status, gathered at most a second ago
+    // (and after every change).
+    assert!(
+        sample(&text, "rivet_status_age_milliseconds").is_some_and(|ms| ms < 5000.0),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, r#"rivet_map_entries{map="ENDPOINTS"}"#),
         Some(2.0)
@@ -84,11 +90,18 @@ fn metrics_move_with_traffic_and_health_answers() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert!(ok(&["status"]).contains("ready: yes"));
+    let status = ok(&["status"]);
+    assert!(
+        status.contains("ready: yes") && status.contains("status gathered"),
+        "{status}"
+    );
     assert!(ok(&["version"]).contains("rivetd "));
     assert!(ok(&["routes"]).contains("SUBNET"));
     assert!(ok(&["portmaps"]).contains("HOST-IP"));
     assert!(ok(&["nat", "--port", "80"]).contains("in the table"));
+    // Paged listings (the agent reads the maps only as far as the page).
+    assert!(ok(&["nat", "--limit", "1", "--offset", "3"]).contains("in the table"));
+    assert!(ok(&["portmaps", "--limit", "1"]).contains("HOST-IP"));
     let watch = ok(&["stats", "--watch", "1", "--count", "1", "--all"]);
     assert!(
         watch.contains("PACKETS/S") && watch.contains("fwd_local"),
