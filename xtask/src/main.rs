@@ -109,7 +109,7 @@ enum Cmd {
     /// `--check`: the program-size guard instead (`cargo xtask guard`).
     Bench {
         /// Arguments for the bench runner (e.g. `same-node --pairs 5`;
-        /// `--help` lists them).
+        /// `cargo run -p rivet-bench -- --help` lists them).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
