@@ -146,6 +146,8 @@ pub struct Agent {
     published: std::sync::RwLock<Arc<Published>>,
     /// Records changed since the status was published.
     changed: tokio::sync::Notify,
+    /// Changes noted so far (see [`Published::through`]).
+    changes: std::sync::atomic::AtomicU64,
     nat_stats: std::sync::Mutex<crate::nat::NatStats>,
     requests: RequestMetrics,
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
@@ -312,10 +314,12 @@ impl Agent {
             status: status::base_status(&cfg, pod_cidr, mtu, node_ip),
             not_attached: Some("the status is not gathered yet".into()),
             at: Instant::now(),
+            through: 0,
         };
         let agent = Self {
             published: std::sync::RwLock::new(Arc::new(unpublished)),
             changed: tokio::sync::Notify::new(),
+            changes: std::sync::atomic::AtomicU64::new(0),
             cfg,
             nl,
             state: Mutex::new(NodeState {

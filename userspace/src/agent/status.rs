@@ -121,6 +121,10 @@ pub struct Published {
     pub not_attached: Option<String>,
     /// When it was gathered.
     pub at: Instant,
+    /// The changes (endpoint ADD/DEL, GC, node updates) it includes: a
+    /// status request made after a change gets a gathering that includes
+    /// it ([`Agent::current_status`]).
+    pub through: u64,
 }
 
 /// What the node state says, copied under a short lock.
@@ -164,12 +168,34 @@ impl Agent {
         }
     }
 
+    /// Replaces the published status, unless it already includes later
+    /// changes (two gatherings may finish out of order).
     fn publish(&self, p: Published) {
         let p = Arc::new(p);
-        match self.published.write() {
-            Ok(mut slot) => *slot = p,
-            Err(e) => *e.into_inner() = p,
+        let mut slot = match self.published.write() {
+            Ok(slot) => slot,
+            Err(e) => e.into_inner(),
+        };
+        if p.through >= slot.through {
+            *slot = p;
         }
+    }
+
+    /// The status as [`Agent::status`], including every change the agent
+    /// has answered: when one happened since the last gathering, the
+    /// status is gathered now (outside the node-state lock but for the
+    /// copy it takes), so `rivetctl status` right after an ADD shows the
+    /// new pod's attachment. `/metrics` and `/readyz` read the published
+    /// status as it is.
+    pub async fn current_status(&self) -> AgentStatus {
+        let noted = self.changes.load(std::sync::atomic::Ordering::SeqCst);
+        if self.published().through < noted
+            && let Err(e) = self.refresh_status().await
+        {
+            tracing::warn!(error = %e, "gathering the status");
+            self.note_error(format!("status: {e}"));
+        }
+        self.status()
     }
 
     /// The agent's status: the published one, with what changes without a
@@ -246,6 +272,8 @@ impl Agent {
 
     /// Says that the records changed: the refresher publishes them.
     pub fn note_change(&self) {
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.changed.notify_one();
     }
 
@@ -294,6 +322,8 @@ impl Agent {
     /// Gathers the whole status and publishes it. The node state is locked
     /// only to copy what it holds; netlink and map reads run after.
     pub async fn refresh_status(&self) -> Result<(), ApiError> {
+        // Every change noted before the copy below is in what it copies.
+        let through = self.changes.load(std::sync::atomic::Ordering::SeqCst);
         let layout = PinLayout::new(&self.cfg.pin_dir);
         let tc = self.cfg.pod_attach == AttachMode::Tc;
         let (records, probe, from_pod, sizes, object) = {
@@ -399,6 +429,7 @@ impl Agent {
             status,
             not_attached,
             at: Instant::now(),
+            through,
         });
         Ok(())
     }

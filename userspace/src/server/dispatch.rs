@@ -30,7 +30,7 @@ const DEFAULT_PAGE: usize = 1000;
 pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Response, ApiError> {
     // Reads that need no lock of the node state.
     match request {
-        Request::Status {} => return Ok(Response::Status(agent.status())),
+        Request::Status {} => return Ok(Response::Status(agent.current_status().await)),
         Request::Stats {} => {
             return Ok(Response::Stats {
                 counters: agent.counters()?,
