@@ -49,7 +49,7 @@ use tokio::sync::{Mutex, MutexGuard};
 pub use self::status::{Published, RequestMetrics, STATUS_INTERVAL, StoreState, map_warnings};
 
 use crate::{
-    cluster::{Cluster, ClusterError, RemoteNode, node},
+    cluster::{Cluster, ClusterError, RemoteNode, StoreReport, node},
     config::{AgentConfig, Mode},
     datapath::{
         Datapath, DatapathError,
@@ -584,9 +584,9 @@ impl crate::cluster::ClusterSink for Agent {
         self.note_change();
     }
 
-    async fn state(&self, text: String) {
+    async fn state(&self, report: StoreReport) {
         if let Ok(mut s) = self.store_state.lock() {
-            *s = s.after_report(&text);
+            *s = s.after(report);
         }
     }
 }

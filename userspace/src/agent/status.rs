@@ -27,6 +27,7 @@ use rivet_api::{AgentStatus, ApiError, Attachment, CounterValue, ErrorKind, Pool
 use rivet_common::{map_names, program_names};
 
 use super::{Agent, NodeState};
+use crate::cluster::StoreReport;
 use crate::datapath::{self, AttachMode, DatapathError, pins::PinLayout};
 
 /// How often the whole status is gathered again.
@@ -62,37 +63,19 @@ impl StoreState {
         matches!(self, Self::Synced { .. })
     }
 
-    /// The state after the store's source reported `text`: `etcd: synced
-    /// (N peers)`, `etcd: connecting`, `etcd: reconnecting (why)`; any
-    /// other report is an outage with that reason.
-    pub fn after_report(&self, text: &str) -> Self {
-        let inner = |rest: &str| {
-            rest.trim()
-                .strip_prefix('(')
-                .and_then(|r| r.strip_suffix(')'))
-                .unwrap_or(rest.trim())
-                .to_owned()
-        };
-        let body = text.strip_prefix("etcd:").unwrap_or(text).trim();
-        if let Some(rest) = body.strip_prefix("synced") {
-            let peers = inner(rest)
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            return Self::Synced { peers };
+    /// The state after the store's source reported `report` (an outage
+    /// keeps the time it began).
+    pub fn after(&self, report: StoreReport) -> Self {
+        match report {
+            StoreReport::Synced { peers } => Self::Synced { peers },
+            StoreReport::Lost { reason } => Self::Lost {
+                since: match self {
+                    Self::Lost { since, .. } => *since,
+                    _ => Instant::now(),
+                },
+                reason,
+            },
         }
-        if body == "connecting" {
-            return Self::Connecting;
-        }
-        let reason = body
-            .strip_prefix("reconnecting")
-            .map_or_else(|| body.to_owned(), inner);
-        let since = match self {
-            Self::Lost { since, .. } => *since,
-            _ => Instant::now(),
-        };
-        Self::Lost { since, reason }
     }
 }
 
@@ -547,31 +530,31 @@ impl RequestMetrics {
 
 #[cfg(test)]
 mod tests {
-    use super::StoreState;
+    use super::{StoreReport, StoreState};
 
     #[test]
     fn store_reports_become_states() {
-        let s = StoreState::Connecting.after_report("etcd: synced (3 peers)");
+        let s = StoreState::Connecting.after(StoreReport::Synced { peers: 3 });
         assert_eq!(s, StoreState::Synced { peers: 3 });
         assert!(s.is_synced());
         assert_eq!(s.to_string(), "etcd: synced (3 peers)");
-        let lost = s.after_report("etcd: reconnecting (connection refused)");
+        let lost = s.after(StoreReport::Lost {
+            reason: "connection refused".into(),
+        });
         let StoreState::Lost { since, reason } = &lost else {
             panic!("{lost:?}");
         };
         assert_eq!(reason, "connection refused");
         assert!(!lost.is_synced());
         // A second report of the same outage keeps its start.
-        let again = lost.after_report("etcd: reconnecting (timed out)");
+        let again = lost.after(StoreReport::Lost {
+            reason: "timed out".into(),
+        });
         assert!(matches!(&again, StoreState::Lost { since: s2, .. } if s2 == since));
         assert!(
             again
                 .to_string()
                 .starts_with("etcd: reconnecting (timed out) for ")
-        );
-        assert_eq!(
-            again.after_report("etcd: connecting"),
-            StoreState::Connecting
         );
         assert_eq!(StoreState::Standalone.to_string(), "single-node");
     }

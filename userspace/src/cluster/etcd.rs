@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::cluster::ClusterSink;
 use crate::{
-    cluster::RemoteNode,
+    cluster::{RemoteNode, StoreReport},
     config::{EtcdSettings, Mode},
     netlink::{format_mac, parse_mac},
 };
@@ -456,7 +456,10 @@ impl EtcdCluster {
         loop {
             if let Err(e) = self.session(&sink).await {
                 tracing::warn!(error = %e, "etcd session ended; resyncing in 1 s");
-                sink.state(format!("etcd: reconnecting ({e})")).await;
+                sink.state(StoreReport::Lost {
+                    reason: e.to_string(),
+                })
+                .await;
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -500,7 +503,7 @@ impl EtcdCluster {
             .collect();
         let peers = nodes.len();
         sink.replace(nodes).await;
-        sink.state(format!("etcd: synced ({peers} peers)")).await;
+        sink.state(StoreReport::Synced { peers }).await;
 
         let prefix = format!("{}/subnets/", self.settings.prefix);
         let mut watch = self

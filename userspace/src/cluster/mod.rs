@@ -37,7 +37,22 @@ pub trait ClusterSink: Send + Sync + 'static {
     /// Removes one node.
     fn remove(&self, subnet: Ipv4Net) -> impl std::future::Future<Output = ()> + Send;
     /// Store state for status and readiness.
-    fn state(&self, text: String) -> impl std::future::Future<Output = ()> + Send;
+    fn state(&self, report: StoreReport) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// What a source says of its store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreReport {
+    /// In sync: the nodes are as the store lists, `peers` of them.
+    Synced {
+        /// Other nodes the store lists.
+        peers: usize,
+    },
+    /// The store is unreachable (being reconnected), and why.
+    Lost {
+        /// The store's or the connection's error.
+        reason: String,
+    },
 }
 
 /// A remote node.
