@@ -63,6 +63,13 @@ const PACED_REACHED: f64 = 0.95;
 const PACED_METRIC: &str = "cpu_s_per_gb_at_4gbps";
 /// The rate it reached.
 const PACED_RX_METRIC: &str = "paced_rx_gbit (at -b 4G)";
+/// A/B (development): with `RIVET_BENCH_SAME_NODE_B_BIN_DIR=<dir>`, a
+/// second rivet node whose agent is that directory's rivetd, with its own
+/// two pods, measured as this variant right after `rivet` in the order
+/// (interleaved and rotated with the others, paced too).
+const B_BIN_DIR_ENV: &str = "RIVET_BENCH_SAME_NODE_B_BIN_DIR";
+/// That variant's name.
+const B_VARIANT: &str = "rivet-b";
 
 /// Sets node `n`'s flow-event switch directly (no monitor client: the
 /// datapath's share of the cost alone).
@@ -74,6 +81,23 @@ fn set_flow_sample(world: &World, n: usize, flow_sample: u32) {
     array
         .set(0, rivet_common::EventConfig { flow_sample }, 0)
         .expect("flow switch");
+}
+
+/// Starts node `n`'s agent from `dir`'s rivetd (`RIVET_BIN_DIR` set for
+/// the start only, then restored).
+fn start_agent_from(world: &mut World, n: usize, dir: &std::ffi::OsStr) {
+    let saved = std::env::var_os("RIVET_BIN_DIR");
+    // SAFETY: no other thread of this process reads the environment while
+    // the agent starts (the servers and watchers start later).
+    unsafe { std::env::set_var("RIVET_BIN_DIR", dir) };
+    world.start_agent(n);
+    // SAFETY: as above.
+    unsafe {
+        match &saved {
+            Some(v) => std::env::set_var("RIVET_BIN_DIR", v),
+            None => std::env::remove_var("RIVET_BIN_DIR"),
+        }
+    }
 }
 
 /// A `monitor --flows` client reading events in the background.
@@ -202,6 +226,25 @@ pub fn run(opts: &Options) -> Report {
     let a = world.add_pod(n);
     let b = world.add_pod(n);
     let rivet_server_ip = world.pods[b].ip;
+    // The A/B variant's node and pods (client, server).
+    let b_dir = std::env::var_os(B_BIN_DIR_ENV);
+    let node_b = b_dir.as_deref().map(|dir| {
+        let nb = world.add_node();
+        start_agent_from(&mut world, nb, dir);
+        let c = world.add_pod(nb);
+        let d = world.add_pod(nb);
+        (c, d)
+    });
+    let with_b = |list: &[&'static str]| -> Vec<&'static str> {
+        let mut v = list.to_vec();
+        if node_b.is_some() {
+            let at = v.iter().position(|x| *x == "rivet").map_or(0, |i| i + 1);
+            v.insert(at, B_VARIANT);
+        }
+        v
+    };
+    let variants = with_b(&VARIANTS);
+    let paced_variants = with_b(&PACED_VARIANTS);
 
     // Request/response and connection-rate probes: 0.5 s each (~15k round
     // trips, ~4k connections; a quick run: 0.2 s); the warm-up round's: 0.1 s (enough to resolve neighbours
@@ -212,7 +255,7 @@ pub fn run(opts: &Options) -> Report {
     let pings = opts.pick(100, 30);
     let mut report = Report {
         name: "same-node pod → pod".into(),
-        variants: VARIANTS.iter().map(|v| (*v).to_owned()).collect(),
+        variants: variants.iter().map(|v| (*v).to_owned()).collect(),
         baseline: "bridge".into(),
         ..Default::default()
     };
@@ -226,7 +269,7 @@ pub fn run(opts: &Options) -> Report {
     report.better.insert("conns_per_s".into(), "higher".into());
     report.better.insert("cpu_s_per_gb".into(), "lower".into());
     report.better.insert(PACED_METRIC.into(), "lower".into());
-    report.notes.push(format!("{PACED_METRIC}: CPU-seconds per GB while iperf3 sends one stream paced at {PACED_RATE}bit/s (-b {PACED_RATE}) for {PACED_SECS} s (--quick too), right after each full-rate sample of {PACED_VARIANTS:?}: a fixed offered load, so the figure is what the path costs rather than how fast it goes. CPU = the iperf3 client's and server's own run time (getrusage: the scheduler's exact ns run time; without IRQ time accounting it includes the softirqs run while they were on the CPU, i.e. nearly the whole datapath) + the ksoftirqd threads' run time over the sample (/proc/<pid>/schedstat, ns); resolution: 1 µs of CPU time (under 0.00001 CPU-s/GB over a sample); the spread between samples is far larger. Work done outside those tasks (softirqs taken while a CPU idles or another task runs, timers) is not in it: in a check on an idle machine (a veth pair and a plain bridge, 7 samples of 1 and 5 s) this measure came to 79–93 % of the whole machine's busy time over the same samples (every CPU's wall time − its idle time, which with NO_HZ /proc/stat takes from idle entry/exit timestamps, net of the idle rate just before); that machine-wide figure is not recorded, since on a shared machine other load fills whatever CPU the transfer leaves and it means nothing. A sample counts only if the receiver got ≥ {:.0} % of {PACED_GBPS} Gbit/s ({PACED_RX_METRIC} lists the rates reached); samples that fell short are listed below. Not from /proc/stat's busy jiffies: those are 250 Hz tick samples, and iperf3's 1 ms pacing timer aliases with the tick (in that check the same veth pair read 0.08 to 2.6 CPU-s/GB from one paced sample to the next)", PACED_REACHED * 100.0));
+    report.notes.push(format!("{PACED_METRIC}: CPU-seconds per GB while iperf3 sends one stream paced at {PACED_RATE}bit/s (-b {PACED_RATE}) for {PACED_SECS} s (--quick too), right after each full-rate sample of {paced_variants:?}: a fixed offered load, so the figure is what the path costs rather than how fast it goes. CPU = the iperf3 client's and server's own run time (getrusage: the scheduler's exact ns run time; without IRQ time accounting it includes the softirqs run while they were on the CPU, i.e. nearly the whole datapath) + the ksoftirqd threads' run time over the sample (/proc/<pid>/schedstat, ns); resolution: 1 µs of CPU time (under 0.00001 CPU-s/GB over a sample); the spread between samples is far larger. Work done outside those tasks (softirqs taken while a CPU idles or another task runs, timers) is not in it: in a check on an idle machine (a veth pair and a plain bridge, 7 samples of 1 and 5 s) this measure came to 79–93 % of the whole machine's busy time over the same samples (every CPU's wall time − its idle time, which with NO_HZ /proc/stat takes from idle entry/exit timestamps, net of the idle rate just before); that machine-wide figure is not recorded, since on a shared machine other load fills whatever CPU the transfer leaves and it means nothing. A sample counts only if the receiver got ≥ {:.0} % of {PACED_GBPS} Gbit/s ({PACED_RX_METRIC} lists the rates reached); samples that fell short are listed below. Not from /proc/stat's busy jiffies: those are 250 Hz tick samples, and iperf3's 1 ms pacing timer aliases with the tick (in that check the same veth pair read 0.08 to 2.6 CPU-s/GB from one paced sample to the next)", PACED_REACHED * 100.0));
     report.notes.push("cpu_s_per_gb: the same process CPU measure (iperf3 client + server + ksoftirqd) during each full-rate sample, per GB the receiver got; at full rate both CPUs are saturated in every variant, so it mostly mirrors 1/throughput".into());
     report.notes.push("rr_*: 1-byte request/response round trips on one TCP connection for 0.5 s (0.2 s in --quick; TCP_NODELAY); conns_per_s: connect + 1-byte exchange + close, one at a time, for 0.5 s (0.2 s in --quick); rivet+flows-noclient: flow events on for every packet with nobody reading them (the datapath's share)".into());
     report
@@ -244,20 +287,29 @@ pub fn run(opts: &Options) -> Report {
     report
         .notes
         .push("rivet: rivetd + from_pod (netlink cls_bpf, the default pod attach) with bpf_redirect_peer, release build".into());
+    if let Some(dir) = &b_dir {
+        report.notes.push(format!(
+            "{B_VARIANT}: rivet on a second node whose agent is {}/rivetd ({B_BIN_DIR_ENV}), its own two pods, measured exactly like rivet",
+            std::path::Path::new(dir).display()
+        ));
+    }
 
     report.notes.push(
         "rivet+flows: rivet with flow events on for every packet (rivetctl monitor --flows: a client reads each event as JSON); rivet+flows/100: one packet in 100".into(),
     );
     // Every client may reuse its TIME_WAIT ports (the rivet pods serve four
     // variants per round: without it their ephemeral ports run out).
-    for ns in
-        std::iter::once(&world.pods[a].ns).chain(pairs.iter().map(|p| &spaces[p.client_ns_index]))
+    let b_pods = node_b.map(|(c, d)| (&world.pods[c].ns, &world.pods[d].ns));
+    for ns in std::iter::once(&world.pods[a].ns)
+        .chain(b_pods.map(|(c, _)| c))
+        .chain(pairs.iter().map(|p| &spaces[p.client_ns_index]))
     {
         ns.run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
     }
     // The request/response and connection-rate servers of every variant.
-    for ns in
-        std::iter::once(&world.pods[b].ns).chain(pairs.iter().map(|p| &spaces[p.server_ns_index]))
+    for ns in std::iter::once(&world.pods[b].ns)
+        .chain(b_pods.map(|(_, d)| d))
+        .chain(pairs.iter().map(|p| &spaces[p.server_ns_index]))
     {
         echo_server(ns, 9100);
         one_byte_server(ns, 9101);
@@ -268,11 +320,11 @@ pub fn run(opts: &Options) -> Report {
     let kernel_at_setup = crate::bridge_nf_off(spaces_all());
     report.notes.push(format!("order: {}", crate::ROTATION));
     let mut short_of_rate: Vec<String> = Vec::new();
-    let total = (rounds + 1) * VARIANTS.len() as u32;
+    let total = (rounds + 1) * variants.len() as u32;
     let started = Instant::now();
     let mut done = 0;
     for round in 0..=rounds {
-        for variant in crate::rotated(&VARIANTS, round as usize) {
+        for variant in crate::rotated(&variants, round as usize) {
             done += 1;
             progress(&format!(
                 "same-node: round {round}/{rounds} {variant:<6} [{done}/{total}, {:.0}s]",
@@ -286,7 +338,11 @@ pub fn run(opts: &Options) -> Report {
                 "rivet+flows/100" => Some(FlowWatcher::start(world.nodes[n].agent().client(), 100)),
                 _ => None,
             };
-            let (client, server, ip) = if variant.starts_with("rivet") {
+            let (client, server, ip) = if let Some((c, d)) = node_b
+                && variant == B_VARIANT
+            {
+                (&world.pods[c].ns, &world.pods[d].ns, world.pods[d].ip)
+            } else if variant.starts_with("rivet") {
                 (&world.pods[a].ns, &world.pods[b].ns, rivet_server_ip)
             } else {
                 let p = pairs.iter().find(|p| p.name == variant).expect("pair");
@@ -317,7 +373,7 @@ pub fn run(opts: &Options) -> Report {
             // The same CPU measure at a fixed offered load every variant
             // carries (at full rate both CPUs are busy whatever the path,
             // so CPU per GB there mostly mirrors throughput).
-            if !warm_up && PACED_VARIANTS.contains(&variant) {
+            if !warm_up && paced_variants.contains(&variant) {
                 let srv = iperf3_server(server, 5201, Some(1));
                 let soft = ksoftirqd_secs();
                 let paced = iperf3_cpu(client, ip, 5201, PACED_SECS, Some(PACED_RATE));
