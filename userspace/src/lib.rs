@@ -14,6 +14,7 @@
 //! | 3 | [`events`] | datapath events → `monitor` |
 //! | 3 | [`install`] | CNI binary, conflist, unit and config onto a node |
 //! | 2 | [`datapath`] | the eBPF object: load, pin, attach, socket hooks, typed maps |
+//! | 2 | [`objects`] | Kubernetes objects (Services, EndpointSlices, …): parsed, validated, kept durably |
 //! | 1 | [`netlink`] | links, addresses, routes, neighbours: messages, an async handle, batches; network namespaces |
 //! | 1 | [`store`] | crash-safe records and files |
 //! | 0 | [`config`] | TOML + flags → validated [`config::AgentConfig`] |
@@ -27,6 +28,7 @@ pub mod events;
 pub mod install;
 pub mod nat;
 pub mod netlink;
+pub mod objects;
 pub mod server;
 pub mod store;
 

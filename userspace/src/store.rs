@@ -58,6 +58,44 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
 /// old inode or the new one.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    write_synced_and_rename(path, bytes, mode)?;
+    sync_dir(dir)
+}
+
+/// [`write_atomic`] for many files at once: each written to a temporary
+/// file, fsync'ed and renamed into place, then each directory fsync'ed
+/// once (not once per file). After an error some files may be the new
+/// ones and others the old ones; none is torn.
+pub fn write_atomic_all<'a>(
+    files: impl IntoIterator<Item = (&'a Path, &'a [u8])>,
+) -> Result<(), StoreError> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for (path, bytes) in files {
+        write_synced_and_rename(path, bytes, 0o600)?;
+        dirs.insert(path.parent().unwrap_or(Path::new(".")).to_owned());
+    }
+    dirs.iter().try_for_each(|d| sync_dir(d))
+}
+
+/// Removes files durably: each unlinked (a missing one is no error), then
+/// each directory fsync'ed once.
+pub fn remove_all_synced<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Result<(), StoreError> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for path in paths {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err("removing", path)(e)),
+        }
+        dirs.insert(path.parent().unwrap_or(Path::new(".")).to_owned());
+    }
+    dirs.iter().try_for_each(|d| sync_dir(d))
+}
+
+/// Writes `bytes` to a temporary file beside `path` (mode `mode`),
+/// fsync's it and renames it over `path`; the directory is not synced.
+fn write_synced_and_rename(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -76,7 +114,11 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Sto
         f.write_all(bytes).map_err(err("writing", &tmp))?;
         f.sync_all().map_err(err("syncing", &tmp))?;
     }
-    fs::rename(&tmp, path).map_err(err("renaming into place", path))?;
+    fs::rename(&tmp, path).map_err(err("renaming into place", path))
+}
+
+/// fsync's the directory `dir` (what makes a rename or unlink in it durable).
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(err("syncing directory", dir))

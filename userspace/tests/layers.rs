@@ -15,7 +15,7 @@ use std::{
 const LAYERS: &[&[&str]] = &[
     &["config"],
     &["store", "netlink"],
-    &["datapath"],
+    &["datapath", "objects"],
     &["nat", "events", "install"],
     &["endpoint"],
     &["cluster"],
