@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 /// Default path of the agent socket.
 pub const DEFAULT_SOCKET: &str = "/run/rivet/rivetd.sock";
 
-/// Largest request or response the agent accepts.
-pub const MAX_MESSAGE: u64 = 4 << 20;
+/// Largest request or response the agent accepts: room for a document of
+/// ten thousand Services (about 5 MB, more once escaped) and its listing.
+pub const MAX_MESSAGE: u64 = 64 << 20;
 
 /// Host-side veth name of an attachment: `rv` + 13 hex digits of FNV-1a-64
 /// over (container ID, NUL, ifname) — 15 bytes, the IFNAMSIZ limit. Stable
@@ -151,6 +152,52 @@ pub enum Request {
         #[serde(default)]
         sample: Option<u32>,
     },
+    /// Store the Kubernetes objects of `document` (`kubectl apply -f`):
+    /// JSON or YAML, one object, a `List` or several YAML documents. The
+    /// agent parses and validates it; one invalid object refuses the
+    /// whole document. Answered by [`Response::Applied`].
+    Apply {
+        /// The document's text, as the user wrote it.
+        document: String,
+    },
+    /// Remove the objects `document` names (`kubectl delete -f`): all of
+    /// them, or — when one is not stored and `ignore_not_found` is false —
+    /// none (a `not_found` error naming them).
+    Delete {
+        /// The document's text.
+        document: String,
+        /// Objects that are not stored are no error.
+        #[serde(default)]
+        ignore_not_found: bool,
+    },
+    /// Stored objects of one kind (`kubectl get`), as Kubernetes JSON in
+    /// [`Response::Objects`].
+    Get {
+        /// The kind as a user names it: `services`, `svc`, `service`,
+        /// `endpointslices`, `namespaces`, `ns`, `pods`, `po`,
+        /// `networkpolicies`, `netpol`, …
+        kind: String,
+        /// Only this namespace (`None`: every namespace; ignored for
+        /// namespaces themselves).
+        #[serde(default)]
+        namespace: Option<String>,
+        /// Only this object (`not_found` when it is not stored).
+        #[serde(default)]
+        name: Option<String>,
+    },
+}
+
+/// What an [`Request::Apply`] or [`Request::Delete`] did to one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectResult {
+    /// Its kind (`Service`, `EndpointSlice`, …).
+    pub kind: String,
+    /// Its namespace (empty for a Namespace).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `created`, `configured`, `unchanged`, `deleted` or `not found`.
+    pub outcome: String,
 }
 
 /// One datapath event, decoded.
@@ -857,6 +904,16 @@ pub enum Response {
         #[serde(default)]
         next: Option<usize>,
     },
+    /// What an apply or delete did, object by object, in document order.
+    Applied {
+        /// One per object of the document.
+        results: Vec<ObjectResult>,
+    },
+    /// Stored objects, as Kubernetes serializes them.
+    Objects {
+        /// By namespace and name.
+        items: Vec<serde_json::Value>,
+    },
     /// The request failed.
     Error(ApiError),
 }
@@ -1250,5 +1307,57 @@ mod tests {
         let old: Response =
             serde_json::from_str(r#"{"result":"nat","entries":[],"total":3}"#).expect("old answer");
         assert!(matches!(old, Response::Nat { next: None, .. }), "{old:?}");
+    }
+
+    #[test]
+    fn object_requests_carry_the_document_text() {
+        let req: Request =
+            serde_json::from_str(r#"{"op":"apply","document":"kind: Service\n"}"#).expect("apply");
+        assert_eq!(
+            req,
+            Request::Apply {
+                document: "kind: Service\n".into()
+            }
+        );
+        let req: Request =
+            serde_json::from_str(r#"{"op":"delete","document":"x"}"#).expect("delete");
+        assert_eq!(
+            req,
+            Request::Delete {
+                document: "x".into(),
+                ignore_not_found: false
+            }
+        );
+        let req: Request = serde_json::from_str(r#"{"op":"get","kind":"svc"}"#).expect("get");
+        assert_eq!(
+            req,
+            Request::Get {
+                kind: "svc".into(),
+                namespace: None,
+                name: None
+            }
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"apply"}"#).is_err());
+        let answer = Response::Applied {
+            results: vec![ObjectResult {
+                kind: "Service".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+                outcome: "created".into(),
+            }],
+        };
+        let text = serde_json::to_string(&answer).expect("serialize");
+        assert!(
+            text.starts_with(r#"{"result":"applied","results":[{"kind":"Service""#),
+            "{text}"
+        );
+        let listing: Response = serde_json::from_str(
+            r#"{"result":"objects","items":[{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a"}}]}"#,
+        )
+        .expect("objects");
+        let Response::Objects { items } = listing else {
+            panic!("not objects: {listing:?}");
+        };
+        assert_eq!(items[0]["metadata"]["name"], "a");
     }
 }

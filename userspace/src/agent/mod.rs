@@ -34,6 +34,7 @@
 //! and a SIGKILL restart, in both attach modes: 0 lost, same attachments, new
 //! program IDs, never a veth without its program.
 
+mod objects;
 pub mod status;
 
 use std::{
@@ -57,8 +58,12 @@ use crate::{
     },
     endpoint::{self, EndpointError, EndpointSettings, Endpoints, Reattach},
     netlink::{ConnectError, Netlink, NetlinkError},
+    objects::ObjectStore,
     store::{self, StoreError},
 };
+
+/// The object store's directory in the state directory.
+pub const OBJECTS_DIR: &str = "objects";
 
 /// How often the agent re-checks kernel state against its records.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
@@ -130,6 +135,8 @@ pub struct NodeState {
     pub local: HashSet<Ipv4Addr>,
     /// The other nodes.
     pub cluster: Cluster,
+    /// The Kubernetes objects (`objects/` in the state directory).
+    pub objects: ObjectStore,
 }
 
 /// A running agent.
@@ -275,6 +282,12 @@ impl Agent {
         dp.set_no_masquerade(&cfg.nat.no_masquerade)?;
 
         store::create_private_dir(&cfg.state_dir)?;
+        let objects = ObjectStore::open(cfg.state_dir.join(OBJECTS_DIR))?;
+        tracing::info!(
+            objects = objects.objects().len(),
+            skipped = objects.skipped().len(),
+            "Kubernetes objects read back"
+        );
         let mut endpoints = Endpoints::open(
             EndpointSettings {
                 pod_cidr,
@@ -327,6 +340,7 @@ impl Agent {
                 endpoints,
                 local,
                 cluster,
+                objects,
             }),
             started: Instant::now(),
             mtu,

@@ -60,6 +60,17 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
                 "monitor streams events: it is served per connection",
             ));
         }
+        // The objects' handlers parse before they take the lock.
+        Request::Apply { document } => return apply(agent, document).await,
+        Request::Delete {
+            document,
+            ignore_not_found,
+        } => return delete(agent, document, ignore_not_found).await,
+        Request::Get {
+            kind,
+            namespace,
+            name,
+        } => return get(agent, &kind, namespace.as_deref(), name.as_deref()).await,
         _ => {}
     }
     let state = agent.lock().await;
@@ -90,7 +101,10 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         | Request::NatPage { .. }
         | Request::PortmapList {}
         | Request::PortmapPage { .. }
-        | Request::Monitor { .. } => Err(ApiError::new(
+        | Request::Monitor { .. }
+        | Request::Apply { .. }
+        | Request::Delete { .. }
+        | Request::Get { .. } => Err(ApiError::new(
             ErrorKind::Internal,
             "request answered without the lock",
         )),
@@ -188,6 +202,32 @@ async fn gc(agent: &Agent, mut state: Locked<'_>, gc: &GcRequest) -> Result<Resp
         .await?;
     tracing::info!(network = %gc.network, removed = removed.len(), kept = gc.valid.len(), "gc");
     Ok(Response::Collected { removed })
+}
+
+async fn apply(agent: &Agent, document: String) -> Result<Response, ApiError> {
+    let results = agent.apply_objects(document).await?;
+    agent.note_change();
+    Ok(Response::Applied { results })
+}
+
+async fn delete(
+    agent: &Agent,
+    document: String,
+    ignore_not_found: bool,
+) -> Result<Response, ApiError> {
+    let results = agent.delete_objects(document, ignore_not_found).await?;
+    agent.note_change();
+    Ok(Response::Applied { results })
+}
+
+async fn get(
+    agent: &Agent,
+    kind: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> Result<Response, ApiError> {
+    let items = agent.get_objects(kind, namespace, name).await?;
+    Ok(Response::Objects { items })
 }
 
 fn listing_err(e: crate::nat::NatError) -> ApiError {

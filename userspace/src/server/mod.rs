@@ -8,7 +8,8 @@
 //! one [`rivet_api::Response`] per answer (`"result"`), an error carrying its
 //! kind (`bad_request`, `conflict`, `not_found`, `exhausted`, …) and message.
 //! Unknown fields are rejected. A connection closed without an answer means
-//! "try again". Requests are bounded (`MAX_MESSAGE`, 4 MiB; 5 s to send);
+//! "try again". Requests are bounded (`MAX_MESSAGE`, 64 MiB: a document of
+//! 10,000 Services fits; 5 s to send);
 //! mutations are serialized by one lock (`dispatch`).
 //!
 //! `monitor {flows, sample}` is the one request that streams: the connection
@@ -275,5 +276,8 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::NatPage { .. } => "nat_page",
         Request::PortmapPage { .. } => "portmap_page",
         Request::Monitor { .. } => "monitor",
+        Request::Apply { .. } => "apply",
+        Request::Delete { .. } => "delete",
+        Request::Get { .. } => "get",
     }
 }

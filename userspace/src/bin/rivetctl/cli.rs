@@ -128,6 +128,40 @@ pub enum Command {
         #[arg(long)]
         uninstall: bool,
     },
+    /// Store Kubernetes objects (like `kubectl apply -f`): Services,
+    /// EndpointSlices, Namespaces, Pods, NetworkPolicies, in JSON or YAML,
+    /// one object, a List or several `---` documents. The agent validates
+    /// the whole document and stores all of it or nothing.
+    Apply {
+        /// The document (`-` reads standard input).
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Remove the objects a document names (like `kubectl delete -f`).
+    Delete {
+        /// The document (`-` reads standard input).
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+        /// Objects that are not stored are no error (else nothing is
+        /// deleted when one is missing).
+        #[arg(long)]
+        ignore_not_found: bool,
+    },
+    /// List stored objects (like `kubectl get`): services (svc),
+    /// endpointslices, namespaces (ns), pods (po), networkpolicies
+    /// (netpol). `-o json` prints them as a List.
+    Get {
+        /// The kind.
+        kind: String,
+        /// Only this object.
+        name: Option<String>,
+        /// The namespace (default: `default`).
+        #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
     /// Print the rivetctl version (and the agent's, if it answers).
     Version,
     /// Install this node as a service: rivetd and rivetctl, rivet-cni and

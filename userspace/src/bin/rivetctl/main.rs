@@ -3,14 +3,15 @@
 //! `cli`: the command line; `install`: the node and the CNI plugin onto
 //! the machine; `monitor`: events and counter rates as they come; `table`:
 //! answers printed for a person. The other verbs are one request each,
-//! built in `run`.
+//! built in `run`; `apply`, `delete` and `get` send the document's text
+//! (the agent parses it) and wait longer for the answer.
 
 mod cli;
 mod install;
 mod monitor;
 mod table;
 
-use std::process::ExitCode;
+use std::{io::Read as _, path::Path, process::ExitCode, time::Duration};
 
 use clap::Parser as _;
 use rivet_api::{Client, EndpointCheck, EndpointRef, EndpointSpec, Request, Response};
@@ -28,6 +29,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long `apply`, `delete` and `get` wait for each step of the exchange.
+const OBJECTS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The text of the document at `path` (`-`: standard input).
+fn read_document(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading standard input: {e}"))?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()).into())
+    }
+}
+
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let socket = match &cli.node {
         Some(node) => {
@@ -35,7 +52,16 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => cli.socket.clone(),
     };
-    let client = Client::new(&socket);
+    let objects = matches!(
+        cli.command,
+        Command::Apply { .. } | Command::Delete { .. } | Command::Get { .. }
+    );
+    // Storing ten thousand objects takes the agent seconds (a sync per file).
+    let client = if objects {
+        Client::new(&socket).with_timeout(OBJECTS_TIMEOUT)
+    } else {
+        Client::new(&socket)
+    };
     let request = match &cli.command {
         Command::Version => {
             println!("rivetctl {}", env!("CARGO_PKG_VERSION"));
@@ -84,6 +110,30 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
                 *uninstall,
             );
         }
+        Command::Apply { file } => Request::Apply {
+            document: read_document(file)?,
+        },
+        Command::Delete {
+            file,
+            ignore_not_found,
+        } => Request::Delete {
+            document: read_document(file)?,
+            ignore_not_found: *ignore_not_found,
+        },
+        Command::Get {
+            kind,
+            name,
+            namespace,
+            all_namespaces,
+        } => Request::Get {
+            kind: kind.clone(),
+            namespace: if *all_namespaces {
+                None
+            } else {
+                Some(namespace.clone().unwrap_or_else(|| "default".to_owned()))
+            },
+            name: name.clone(),
+        },
         Command::Status => Request::Status {},
         Command::Endpoints => Request::EndpointList {},
         Command::Routes => Request::NodeList {},
@@ -146,7 +196,16 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         },
     };
     let response = client.call(&request)?;
-    if matches!(cli.output, Output::Json) {
+    if let (Output::Json, Response::Objects { items }) = (cli.output, &response) {
+        // As kubectl prints a listing.
+        let list = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": ""},
+            "items": items,
+        });
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else if matches!(cli.output, Output::Json) {
         println!("{}", serde_json::to_string_pretty(&response)?);
     } else {
         let show_all = matches!(cli.command, Command::Stats { all: true, .. });

@@ -187,6 +187,12 @@ pub fn print_table(response: &Response, show_all: bool) {
             }
         }
         Response::Portmaps { mappings } => print_portmaps(mappings),
+        Response::Applied { results } => {
+            for r in results.iter().filter(|r| r.outcome != "not found") {
+                println!("{}/{} {}", resource_of(&r.kind), r.name, r.outcome);
+            }
+        }
+        Response::Objects { items } => print_objects(items),
         Response::Error(e) => println!("error: {e}"),
     }
 }
@@ -209,4 +215,157 @@ fn print_portmaps(mappings: &[rivet_api::PortmapEntry]) {
             m.container_id.as_deref().unwrap_or("-")
         );
     }
+}
+
+/// kubectl's name of a kind's resource: `service`,
+/// `endpointslice.discovery.k8s.io`.
+fn resource_of(kind: &str) -> String {
+    let group = rivet::objects::Kind::from_name(kind)
+        .and_then(|k| k.api_version().split_once('/'))
+        .map(|(group, _)| group);
+    match group {
+        Some(group) => format!("{}.{group}", kind.to_ascii_lowercase()),
+        None => kind.to_ascii_lowercase(),
+    }
+}
+
+/// Rows in columns as wide as their widest cell, three spaces apart.
+fn print_columns(rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            let w = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(width) => *width = (*width).max(w),
+                None => widths.push(w),
+            }
+        }
+    }
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths.get(i).copied().unwrap_or(0) + 3;
+                line.push_str(&format!("{cell:<pad$}"));
+            }
+        }
+        println!("{line}");
+    }
+}
+
+/// A string field of `v` at the JSON pointer `at`.
+fn text<'a>(v: &'a serde_json::Value, at: &str) -> Option<&'a str> {
+    v.pointer(at).and_then(serde_json::Value::as_str)
+}
+
+/// Stored objects as kubectl's tables show them (all of one kind).
+fn print_objects(items: &[serde_json::Value]) {
+    let Some(kind) = items.first().and_then(|o| text(o, "/kind")) else {
+        eprintln!("No resources found.");
+        return;
+    };
+    let meta = |o: &serde_json::Value| {
+        (
+            text(o, "/metadata/namespace").unwrap_or("").to_owned(),
+            text(o, "/metadata/name").unwrap_or("").to_owned(),
+        )
+    };
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    match kind {
+        "Service" => {
+            rows.push(
+                ["NAMESPACE", "NAME", "TYPE", "CLUSTER-IP", "PORT(S)"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            for o in items {
+                let (ns, name) = meta(o);
+                let ports: Vec<String> = o
+                    .pointer("/spec/ports")
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        let port = p.get("port").map_or_else(String::new, ToString::to_string);
+                        let proto = text(p, "/protocol").unwrap_or("TCP");
+                        match p.get("nodePort").and_then(serde_json::Value::as_i64) {
+                            Some(node) if node != 0 => format!("{port}:{node}/{proto}"),
+                            _ => format!("{port}/{proto}"),
+                        }
+                    })
+                    .collect();
+                rows.push(vec![
+                    ns,
+                    name,
+                    text(o, "/spec/type").unwrap_or("ClusterIP").to_owned(),
+                    text(o, "/spec/clusterIP")
+                        .filter(|ip| !ip.is_empty())
+                        .unwrap_or("<none>")
+                        .to_owned(),
+                    if ports.is_empty() {
+                        "<none>".to_owned()
+                    } else {
+                        ports.join(",")
+                    },
+                ]);
+            }
+        }
+        "EndpointSlice" => {
+            rows.push(
+                ["NAMESPACE", "NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            for o in items {
+                let (ns, name) = meta(o);
+                let ports: Vec<String> = o
+                    .pointer("/ports")
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.get("port").map(ToString::to_string))
+                    .collect();
+                let addresses: Vec<&str> = o
+                    .pointer("/endpoints")
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.get("addresses").and_then(serde_json::Value::as_array))
+                    .flatten()
+                    .filter_map(serde_json::Value::as_str)
+                    .collect();
+                // kubectl shows three addresses and counts the others.
+                let endpoints = match addresses.len() {
+                    0 => "<unset>".to_owned(),
+                    n if n <= 3 => addresses.join(","),
+                    n => format!("{} + {} more...", addresses[..3].join(","), n - 3),
+                };
+                rows.push(vec![
+                    ns,
+                    name,
+                    text(o, "/addressType").unwrap_or("").to_owned(),
+                    if ports.is_empty() {
+                        "<unset>".to_owned()
+                    } else {
+                        ports.join(",")
+                    },
+                    endpoints,
+                ]);
+            }
+        }
+        "Namespace" => {
+            rows.push(vec!["NAME".to_owned()]);
+            rows.extend(items.iter().map(|o| vec![meta(o).1]));
+        }
+        _ => {
+            rows.push(vec!["NAMESPACE".to_owned(), "NAME".to_owned()]);
+            rows.extend(items.iter().map(|o| {
+                let (ns, name) = meta(o);
+                vec![ns, name]
+            }));
+        }
+    }
+    print_columns(&rows);
 }

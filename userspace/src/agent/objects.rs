@@ -1,0 +1,189 @@
+//! Kubernetes objects through the agent (`rivetctl apply -f`, `delete -f`,
+//! `get`): a document is parsed and validated outside the node-state lock
+//! (`crate::objects`, the one parser of every source), then, locked, the
+//! change is staged in the object store, checked by [`Agent::check_staged`]
+//! and committed. A document with any invalid object changes nothing; a
+//! change that changes nothing writes nothing.
+
+use std::sync::Arc;
+
+use rivet_api::{ApiError, ErrorKind, ObjectResult};
+
+use super::{Agent, NodeState};
+use crate::objects::{self, DocumentError, Kind, Object, ObjectKey, ObjectSet, Outcome, Staged};
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, message)
+}
+
+/// Runs a parse of a (possibly large) document on a blocking thread.
+async fn parse_aside<T: Send + 'static>(
+    parse: impl FnOnce() -> Result<T, DocumentError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("parsing the document: {e}")))?
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// Runs blocking file work (fsyncs) without stalling the runtime's other
+/// tasks, where the runtime allows it.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+fn result_of((key, outcome): &(ObjectKey, Outcome)) -> ObjectResult {
+    ObjectResult {
+        kind: key.kind.name().to_owned(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        outcome: outcome.as_str().to_owned(),
+    }
+}
+
+fn count(staged: &Staged, outcome: Outcome) -> usize {
+    staged
+        .results()
+        .iter()
+        .filter(|(_, o)| *o == outcome)
+        .count()
+}
+
+impl Agent {
+    /// Stores the objects of `document` (`kubectl apply -f`): each
+    /// created, configured or unchanged; all of them or, when one is
+    /// invalid or the check refuses the change, none.
+    pub async fn apply_objects(&self, document: String) -> Result<Vec<ObjectResult>, ApiError> {
+        let parsed = parse_aside(move || objects::parse_document(&document)).await?;
+        if parsed.is_empty() {
+            return Err(bad("no objects passed to apply"));
+        }
+        let mut state = self.lock().await;
+        let staged = state.objects.stage_apply(parsed);
+        let results: Vec<ObjectResult> = staged.results().iter().map(result_of).collect();
+        let (created, configured) = (
+            count(&staged, Outcome::Created),
+            count(&staged, Outcome::Configured),
+        );
+        self.commit_staged(&mut state, staged)?;
+        tracing::info!(
+            objects = results.len(),
+            created,
+            configured,
+            stored = state.objects.objects().len(),
+            "objects applied"
+        );
+        Ok(results)
+    }
+
+    /// Removes the objects `document` names (`kubectl delete -f`). When one
+    /// is not stored: a `not_found` error naming it and nothing removed,
+    /// unless `ignore_not_found`.
+    pub async fn delete_objects(
+        &self,
+        document: String,
+        ignore_not_found: bool,
+    ) -> Result<Vec<ObjectResult>, ApiError> {
+        let keys = parse_aside(move || objects::parse_keys(&document)).await?;
+        if keys.is_empty() {
+            return Err(bad("no objects passed to delete"));
+        }
+        let mut state = self.lock().await;
+        let staged = state.objects.stage_delete(keys);
+        let missing: Vec<String> = staged
+            .results()
+            .iter()
+            .filter(|(_, o)| *o == Outcome::NotFound)
+            .map(|(k, _)| k.to_string())
+            .collect();
+        if !missing.is_empty() && !ignore_not_found {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("not found: {} (nothing was deleted)", missing.join(", ")),
+            ));
+        }
+        let results: Vec<ObjectResult> = staged.results().iter().map(result_of).collect();
+        let deleted = count(&staged, Outcome::Deleted);
+        self.commit_staged(&mut state, staged)?;
+        tracing::info!(
+            deleted,
+            not_found = missing.len(),
+            stored = state.objects.objects().len(),
+            "objects deleted"
+        );
+        Ok(results)
+    }
+
+    /// The stored objects of the kind a user named (`kubectl get`), as
+    /// Kubernetes JSON: in `namespace` (every one when `None`), only `name`
+    /// when given (`not_found` when it is not stored).
+    pub async fn get_objects(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, ApiError> {
+        let kind = Kind::from_user(kind).map_err(|e| bad(e.to_string()))?;
+        let namespace = namespace.filter(|_| kind.namespaced());
+        let picked: Vec<Arc<Object>> = {
+            let state = self.lock().await;
+            let set = state.objects.objects();
+            let listed: Box<dyn Iterator<Item = &Arc<Object>>> = match namespace {
+                Some(ns) => Box::new(set.in_namespace(kind, ns)),
+                None => Box::new(set.of_kind(kind)),
+            };
+            listed
+                .filter(|o| name.is_none_or(|n| o.metadata().name.as_deref() == Some(n)))
+                .cloned()
+                .collect()
+        };
+        if let Some(name) = name
+            && picked.is_empty()
+        {
+            let place = match namespace {
+                Some(ns) => format!(" in namespace {ns:?}"),
+                None if kind.namespaced() => " in any namespace".to_owned(),
+                None => String::new(),
+            };
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("{} {name:?} not found{place}", kind.plural()),
+            ));
+        }
+        Ok(picked.iter().map(|o| o.to_json()).collect())
+    }
+
+    /// Checks a staged change of the objects before anything is written,
+    /// with the node state locked: the Services datapath checks capacity
+    /// and writes its maps here. An error refuses the change whole (the
+    /// store is left as it was).
+    fn check_staged(&self, state: &mut NodeState, next: &ObjectSet) -> Result<(), ApiError> {
+        let _ = (self, state, next);
+        Ok(())
+    }
+
+    /// Checks and commits `staged` (nothing when it changes nothing).
+    fn commit_staged(&self, state: &mut NodeState, staged: Staged) -> Result<(), ApiError> {
+        if staged.changes() == 0 {
+            return Ok(());
+        }
+        self.check_staged(state, staged.objects())?;
+        let committed = blocking(|| state.objects.commit(staged));
+        if let Err(e) = committed {
+            // The check saw a set the store does not hold: show it the
+            // one the store read back.
+            let held = state.objects.objects().clone();
+            if let Err(again) = self.check_staged(state, &held) {
+                tracing::warn!(error = %again, "checking the objects read back after a failed write");
+            }
+            return Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("writing the objects: {e}"),
+            ));
+        }
+        Ok(())
+    }
+}
