@@ -541,3 +541,534 @@ fn endpoint_slice(slice: &mut EndpointSlice, p: &mut Problems) {
         slice.ports = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::objects::parse_object;
+
+    fn service(spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "web"}, "spec": spec})
+    }
+
+    fn slice(body: Value) -> Value {
+        let mut v = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "web-1", "labels": {SERVICE_NAME_LABEL: "web"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": ["10.1.0.5"]}]});
+        if let (Value::Object(base), Value::Object(more)) = (&mut v, body) {
+            base.extend(more);
+        }
+        v
+    }
+
+    fn accepted(value: Value) -> Object {
+        parse_object(value.clone()).unwrap_or_else(|e| panic!("{value} refused: {e:?}"))
+    }
+
+    /// `value` is refused with an error at `path` (below the object
+    /// `object`) whose message contains `needle`.
+    #[track_caller]
+    fn refused(value: Value, object: &str, path: &str, needle: &str) {
+        let errors: Vec<String> = parse_object(value.clone())
+            .map(|o| panic!("{value} accepted as {o:?}"))
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let prefix = format!("{object}: {path}: ");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with(&prefix) && e[prefix.len()..].contains(needle)),
+            "no error {prefix}…{needle}… in {errors:#?}"
+        );
+    }
+
+    #[track_caller]
+    fn service_refused(spec: Value, path: &str, needle: &str) {
+        refused(service(spec), "Service default/web", path, needle);
+    }
+
+    #[track_caller]
+    fn slice_refused(body: Value, path: &str, needle: &str) {
+        refused(slice(body), "EndpointSlice default/web-1", path, needle);
+    }
+
+    fn spec_of(o: &Object) -> k8s_openapi::api::core::v1::ServiceSpec {
+        o.as_service()
+            .and_then(|s| s.spec.clone())
+            .expect("a Service with a spec")
+    }
+
+    #[test]
+    fn names_by_kind() {
+        let named = |kind: &str, api: &str, meta: Value| {
+            let mut v = json!({"apiVersion": api, "kind": kind, "metadata": meta});
+            if kind == "EndpointSlice" {
+                v["addressType"] = "IPv4".into();
+                v["metadata"]["labels"] = json!({SERVICE_NAME_LABEL: "web"});
+            }
+            v
+        };
+        let svc = |name: &str| named("Service", "v1", json!({"name": name}));
+        refused(
+            named("Service", "v1", json!({})),
+            "Service",
+            "metadata.name",
+            "required",
+        );
+        refused(svc(""), "Service", "metadata.name", "required");
+        refused(
+            svc("1web"),
+            "Service default/1web",
+            "metadata.name",
+            "DNS-1035 label",
+        );
+        refused(
+            svc("Web"),
+            "Service default/Web",
+            "metadata.name",
+            "DNS-1035 label",
+        );
+        refused(
+            svc("web-"),
+            "Service default/web-",
+            "metadata.name",
+            "DNS-1035 label",
+        );
+        refused(
+            svc(&"a".repeat(64)),
+            &format!("Service default/{}", "a".repeat(64)),
+            "metadata.name",
+            "at most 63",
+        );
+        accepted(svc(&"a".repeat(63)));
+        refused(
+            named("Namespace", "v1", json!({"name": "a.b"})),
+            "Namespace a.b",
+            "metadata.name",
+            "DNS-1123 label",
+        );
+        accepted(named("Namespace", "v1", json!({"name": "1a"})));
+        accepted(named(
+            "EndpointSlice",
+            "discovery.k8s.io/v1",
+            json!({"name": "web.1"}),
+        ));
+        refused(
+            named(
+                "EndpointSlice",
+                "discovery.k8s.io/v1",
+                json!({"name": "-web"}),
+            ),
+            "EndpointSlice default/-web",
+            "metadata.name",
+            "DNS-1123 subdomain",
+        );
+        refused(
+            named("Pod", "v1", json!({"name": "a_b"})),
+            "Pod default/a_b",
+            "metadata.name",
+            "DNS-1123 subdomain",
+        );
+        let long = vec!["a".repeat(63); 4].join(".");
+        refused(
+            named(
+                "NetworkPolicy",
+                "networking.k8s.io/v1",
+                json!({"name": long}),
+            ),
+            &format!("NetworkPolicy default/{long}"),
+            "metadata.name",
+            "at most 253",
+        );
+        refused(
+            named("Pod", "v1", json!({"name": "p", "namespace": "Prod"})),
+            "Pod Prod/p",
+            "metadata.namespace",
+            "DNS-1123 label",
+        );
+        // Defaults: the namespace of namespaced kinds, none for a Namespace.
+        let pod = accepted(named("Pod", "v1", json!({"name": "p"})));
+        assert_eq!(pod.metadata().namespace.as_deref(), Some("default"));
+        let ns = accepted(named(
+            "Namespace",
+            "v1",
+            json!({"name": "n", "namespace": "x"}),
+        ));
+        assert_eq!(ns.metadata().namespace, None);
+    }
+
+    #[test]
+    fn service_type_and_addresses() {
+        service_refused(
+            json!({"type": "Foo"}),
+            "spec.type",
+            "unsupported value \"Foo\": must be ClusterIP, NodePort, LoadBalancer or ExternalName",
+        );
+        service_refused(
+            json!({"clusterIP": "10.0.0.300"}),
+            "spec.clusterIP",
+            "not an IP address",
+        );
+        service_refused(
+            json!({"clusterIPs": ["10.0.0.1", "x"]}),
+            "spec.clusterIPs[1]",
+            "\"x\" is not an IP address",
+        );
+        service_refused(
+            json!({"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.2"]}),
+            "spec.clusterIPs[0]",
+            "must equal spec.clusterIP",
+        );
+        service_refused(
+            json!({"clusterIPs": ["10.0.0.1", "fd00::1", "10.0.0.2"]}),
+            "spec.clusterIPs",
+            "at most 2",
+        );
+        service_refused(
+            json!({"type": "ExternalName"}),
+            "spec.externalName",
+            "required when type is ExternalName",
+        );
+        service_refused(
+            json!({"type": "ExternalName", "externalName": "Bad_Host"}),
+            "spec.externalName",
+            "DNS-1123 subdomain",
+        );
+        accepted(service(
+            json!({"type": "ExternalName", "externalName": "db.example.com."}),
+        ));
+        service_refused(
+            json!({"externalIPs": ["192.0.2.1", "a.b"]}),
+            "spec.externalIPs[1]",
+            "\"a.b\" is not an IP address",
+        );
+        service_refused(
+            json!({"clusterIP": "bogus"}),
+            "spec.clusterIP",
+            "nor \"None\"",
+        );
+        // Headless, to be allocated, IPv4, IPv6 (kept as given).
+        for ip in ["None", "", "10.96.0.10", "fd00::10"] {
+            let o = accepted(service(json!({"clusterIP": ip, "clusterIPs": [ip]})));
+            assert_eq!(spec_of(&o).cluster_ip.as_deref(), Some(ip));
+        }
+        // Every default the API server applies.
+        let o = accepted(service(json!({"ports": [{"port": 80}]})));
+        let spec = spec_of(&o);
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(spec.session_affinity.as_deref(), Some("None"));
+        assert_eq!(spec.internal_traffic_policy.as_deref(), Some("Cluster"));
+        assert_eq!(spec.external_traffic_policy, None);
+        let o = accepted(service(
+            json!({"type": "NodePort", "ports": [{"port": 80}]}),
+        ));
+        assert_eq!(
+            spec_of(&o).external_traffic_policy.as_deref(),
+            Some("Cluster")
+        );
+    }
+
+    #[test]
+    fn service_ports() {
+        service_refused(
+            json!({"ports": [{"port": 80, "protocol": "ICMP"}]}),
+            "spec.ports[0].protocol",
+            "must be TCP, UDP or SCTP",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "protocol": "tcp"}]}),
+            "spec.ports[0].protocol",
+            "unsupported value \"tcp\"",
+        );
+        service_refused(
+            json!({"ports": [{"port": 0}]}),
+            "spec.ports[0].port",
+            "port 0 is out of range: must be between 1 and 65535",
+        );
+        service_refused(
+            json!({"ports": [{"port": 65536}]}),
+            "spec.ports[0].port",
+            "out of range",
+        );
+        service_refused(
+            json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 65536}]}),
+            "spec.ports[0].nodePort",
+            "between 0 and 65535",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "nodePort": 30080}]}),
+            "spec.ports[0].nodePort",
+            "only be set when type is NodePort or LoadBalancer, not ClusterIP",
+        );
+        accepted(service(
+            json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}),
+        ));
+        accepted(service(
+            json!({"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080}]}),
+        ));
+        accepted(service(json!({"ports": [{"port": 80, "nodePort": 0}]})));
+        service_refused(
+            json!({"ports": [{"port": 80, "targetPort": 65536}]}),
+            "spec.ports[0].targetPort",
+            "targetPort 65536 is out of range",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "targetPort": -1}]}),
+            "spec.ports[0].targetPort",
+            "out of range",
+        );
+        for bad in ["http-web-long-name", "8080", "-http", "ht--tp", "HTTP"] {
+            service_refused(
+                json!({"ports": [{"port": 80, "targetPort": bad}]}),
+                "spec.ports[0].targetPort",
+                "IANA service name",
+            );
+        }
+        service_refused(
+            json!({"ports": [{"port": 80}, {"port": 81, "name": "b"}]}),
+            "spec.ports[0].name",
+            "required when the Service has more than one port",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "name": "a"}, {"port": 81, "name": "a"}]}),
+            "spec.ports[1].name",
+            "duplicate port name \"a\"",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "name": "Web"}]}),
+            "spec.ports[0].name",
+            "DNS-1123 label",
+        );
+        service_refused(
+            json!({"ports": [{"port": 80, "name": "a"}, {"port": 80, "name": "b"}]}),
+            "spec.ports[1].port",
+            "duplicate port 80/TCP",
+        );
+        // The same port over two protocols is two ports (DNS).
+        let o = accepted(service(json!({"ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
+            {"name": "dns-tcp", "port": 53, "targetPort": 0},
+        ]})));
+        let ports = spec_of(&o).ports.expect("ports");
+        assert_eq!(
+            ports[0].target_port,
+            Some(IntOrString::String("dns".into()))
+        );
+        assert_eq!(ports[1].protocol.as_deref(), Some("TCP"));
+        assert_eq!(ports[1].target_port, Some(IntOrString::Int(53)));
+        // One port needs no name.
+        accepted(service(json!({"ports": [{"port": 80}]})));
+    }
+
+    #[test]
+    fn service_policies_and_affinity() {
+        service_refused(
+            json!({"type": "NodePort", "externalTrafficPolicy": "Foo"}),
+            "spec.externalTrafficPolicy",
+            "must be Cluster or Local",
+        );
+        service_refused(
+            json!({"externalTrafficPolicy": "Local"}),
+            "spec.externalTrafficPolicy",
+            "may only be set when type is NodePort or LoadBalancer",
+        );
+        accepted(service(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local"}),
+        ));
+        accepted(service(
+            json!({"externalIPs": ["192.0.2.7"], "externalTrafficPolicy": "Local"}),
+        ));
+        service_refused(
+            json!({"internalTrafficPolicy": "Nearby"}),
+            "spec.internalTrafficPolicy",
+            "must be Cluster or Local",
+        );
+        accepted(service(json!({"internalTrafficPolicy": "Local"})));
+        service_refused(
+            json!({"sessionAffinity": "Sticky"}),
+            "spec.sessionAffinity",
+            "must be None or ClientIP",
+        );
+        let timeout = "spec.sessionAffinityConfig.clientIP.timeoutSeconds";
+        for bad in [0, -5, 86_401] {
+            service_refused(
+                json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": bad}}}),
+                timeout,
+                "must be between 1 and 86400",
+            );
+        }
+        service_refused(
+            json!({"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+            "spec.sessionAffinityConfig",
+            "must not be set when sessionAffinity is None",
+        );
+        let o = accepted(service(json!({"sessionAffinity": "ClientIP"})));
+        let t = spec_of(&o)
+            .session_affinity_config
+            .and_then(|c| c.client_ip)
+            .and_then(|c| c.timeout_seconds);
+        assert_eq!(t, Some(10_800));
+        service_refused(
+            json!({"type": "LoadBalancer", "healthCheckNodePort": 30999}),
+            "spec.healthCheckNodePort",
+            "only be set when type is LoadBalancer and externalTrafficPolicy is Local",
+        );
+        service_refused(
+            json!({"type": "NodePort", "externalTrafficPolicy": "Local", "healthCheckNodePort": 30999}),
+            "spec.healthCheckNodePort",
+            "only be set when type is LoadBalancer",
+        );
+        service_refused(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 70000}),
+            "spec.healthCheckNodePort",
+            "out of range",
+        );
+        accepted(service(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 30999}),
+        ));
+    }
+
+    #[test]
+    fn service_status_addresses() {
+        let mut v = service(json!({"type": "LoadBalancer"}));
+        v["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"hostname": "lb.example.com"}, {"ip": "nope"}]}});
+        refused(
+            v.clone(),
+            "Service default/web",
+            "status.loadBalancer.ingress[2].ip",
+            "\"nope\" is not an IP address",
+        );
+        v["status"]["loadBalancer"]["ingress"][2]["ip"] = "2001:db8::1".into();
+        accepted(v);
+    }
+
+    #[test]
+    fn endpoint_slices() {
+        slice_refused(
+            json!({"addressType": "IPv5"}),
+            "addressType",
+            "must be IPv4, IPv6 or FQDN",
+        );
+        slice_refused(
+            json!({"addressType": ""}),
+            "addressType",
+            "required: IPv4, IPv6 or FQDN",
+        );
+        let mut unlabeled = slice(json!({}));
+        unlabeled["metadata"]["labels"] = json!({"app": "web"});
+        refused(
+            unlabeled,
+            "EndpointSlice default/web-1",
+            "metadata.labels",
+            "\"kubernetes.io/service-name\" is required",
+        );
+        let mut bad_label = slice(json!({}));
+        bad_label["metadata"]["labels"][SERVICE_NAME_LABEL] = "Web".into();
+        refused(
+            bad_label,
+            "EndpointSlice default/web-1",
+            "metadata.labels",
+            "invalid value \"Web\"",
+        );
+        slice_refused(
+            json!({"endpoints": [{"addresses": []}]}),
+            "endpoints[0].addresses",
+            "0 addresses: must be between 1 and 100",
+        );
+        let many: Vec<String> = (0..101)
+            .map(|i| format!("10.1.{}.{}", i / 200, i % 200 + 1))
+            .collect();
+        slice_refused(
+            json!({"endpoints": [{"addresses": many}]}),
+            "endpoints[0].addresses",
+            "101 addresses",
+        );
+        slice_refused(
+            json!({"endpoints": [{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.256"]}]}),
+            "endpoints[1].addresses[0]",
+            "\"10.1.0.256\" is not an IPv4 address",
+        );
+        slice_refused(
+            json!({"addressType": "IPv6", "endpoints": [{"addresses": ["10.1.0.1"]}]}),
+            "endpoints[0].addresses[0]",
+            "not an IPv6 address",
+        );
+        slice_refused(
+            json!({"addressType": "FQDN", "endpoints": [{"addresses": ["Bad_Host"]}]}),
+            "endpoints[0].addresses[0]",
+            "DNS-1123 subdomain",
+        );
+        accepted(slice(
+            json!({"addressType": "FQDN", "endpoints": [{"addresses": ["db.example.com"]}]}),
+        ));
+        accepted(slice(
+            json!({"addressType": "IPv6", "endpoints": [{"addresses": ["fd00::5"]}]}),
+        ));
+        let endpoints: Vec<Value> = (0..1001)
+            .map(|_| json!({"addresses": ["10.1.0.1"]}))
+            .collect();
+        slice_refused(
+            json!({"endpoints": endpoints}),
+            "endpoints",
+            "1001 endpoints: at most 1000",
+        );
+        slice_refused(
+            json!({"ports": [{"port": 0}]}),
+            "ports[0].port",
+            "port 0 is out of range",
+        );
+        slice_refused(
+            json!({"ports": [{"port": 80, "protocol": "ICMP"}]}),
+            "ports[0].protocol",
+            "must be TCP, UDP or SCTP",
+        );
+        slice_refused(
+            json!({"ports": [{"name": "a", "port": 80}, {"name": "a", "port": 81}]}),
+            "ports[1].name",
+            "duplicate port name",
+        );
+        slice_refused(
+            json!({"ports": [{"name": "A", "port": 80}]}),
+            "ports[0].name",
+            "DNS-1123 label",
+        );
+        let ports: Vec<Value> = (1..=101)
+            .map(|i| json!({"name": format!("p{i}"), "port": i}))
+            .collect();
+        slice_refused(json!({"ports": ports}), "ports", "101 ports: at most 100");
+        // Conditions are optional; a port without a number is allowed
+        // (every port of the backends); the protocol defaults to TCP.
+        let o = accepted(slice(json!({
+            "endpoints": [
+                {"addresses": ["10.1.0.5"], "conditions": {"ready": false, "serving": true}},
+                {"addresses": ["10.1.0.6"]},
+            ],
+            "ports": [{"name": "http", "port": 8080}, {"name": "all"}],
+        })));
+        let slice = o.as_endpoint_slice().expect("slice");
+        let ports = slice.ports.as_ref().expect("ports");
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+        assert_eq!(ports[1].port, None);
+    }
+
+    #[test]
+    fn every_error_of_an_object_is_reported() {
+        let errors = parse_object(service(json!({
+            "type": "Foo",
+            "ports": [{"port": 0}],
+            "externalIPs": ["x"],
+        })))
+        .expect_err("three errors");
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["spec.type", "spec.ports[0].port", "spec.externalIPs[0]"]
+        );
+    }
+}
