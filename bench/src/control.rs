@@ -275,6 +275,7 @@ fn code_hostports(p: &mut PrivateDatapath, n: usize) -> (f64, f64) {
         bandwidth: None,
         routes: Vec::new(),
         created: 0,
+        netns_cookie: None,
     };
     let dp = p.dp();
     let t = Instant::now();

@@ -123,6 +123,7 @@ mod tests {
             bandwidth: None,
             routes: Vec::new(),
             created: 0,
+            netns_cookie: None,
         }
     }
 

@@ -149,7 +149,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
     // An answer to a pod on another node leaves below, like the pod's own
     // traffic there (one forwarding path for the verifier to walk).
     let mut answered_remote = None;
-    if src.flags & endpoint_flags::HOSTPORTS != 0 {
+    if src.flags & (endpoint_flags::HOSTPORTS | endpoint_flags::SERVICE) != 0 {
         let answered = if hdr.proto == IPPROTO_ICMP {
             nat_icmp::hostport_error_out(ctx, &cfg, &hdr, ip.ttl)
         } else {

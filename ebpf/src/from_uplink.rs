@@ -24,7 +24,13 @@
 //!    translation first, so a pod on another node reaches this node's
 //!    hostPorts.
 //! 4. TCP/UDP to a hostPort on one of the node's addresses: destination
-//!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]). Replies to
+//!    rewritten to the pod, delivered ([`crate::nat::hostport_in`]). Then a
+//!    Service frontend — a NodePort on a node address, an external or
+//!    load-balancer IP (only addresses marked in `SVC_FRONTENDS` are looked
+//!    at) — from the underlay: the flow's backend chosen once, destination
+//!    rewritten, delivered (`fwd_svc`), or ICMP port unreachable when the
+//!    Service has no backend (`drop_svc_no_backend`;
+//!    [`crate::nat::service_in`]). Replies to
 //!    masqueraded flows (addressed to the node IP, matching `NAT`) and ICMP
 //!    errors about them: translated back and delivered to the pod
 //!    ([`crate::nat`], [`crate::nat_icmp`]).
@@ -52,7 +58,7 @@ use crate::{
     },
     ipv4, maps, nat, nat_icmp,
     packet::{addr, ensure_linear, ptr_at},
-    verdict,
+    service, verdict,
 };
 
 const PACKET_HOST: u32 = 0;
@@ -124,7 +130,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
     // Translations toward a pod: a hostPort on any node address (also for
     // a remote pod's decapsulated packet); replies (and ICMP errors) of
     // masqueraded flows on the node IP (only from the underlay).
-    if (to_node || maps::is_local_addr(dst))
+    if (to_node || maps::is_local_addr(dst) || service::external_addr(dst))
         && let Ok(hlen) = ipv4::validate(ip, ETH_HLEN, ctx.len())
     {
         let hdr = nat::Ip {
@@ -136,7 +142,12 @@ pub fn handle(ctx: &TcContext) -> i32 {
         };
         let mut answer = nat::hostport_in(ctx, &hdr, nat::Client::Remote);
         let mut counter = Counter::FwdDnat;
+        if matches!(answer, nat::Reply::NotOurs) && !decapped {
+            counter = Counter::FwdSvc;
+            answer = nat::service_in(ctx, &hdr, cfg.uplink_ifindex);
+        }
         if matches!(answer, nat::Reply::NotOurs) {
+            counter = Counter::FwdDnat;
             answer = nat_icmp::hostport_error_in(ctx, &hdr);
         }
         if matches!(answer, nat::Reply::NotOurs)

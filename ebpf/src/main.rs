@@ -21,7 +21,8 @@
 //! | [`nat`] | masquerade on rivet's own connection tracking |
 //! | [`nat_icmp`] | ICMP errors about translated flows |
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
-//! | [`sock`] | hostPorts for the node's own sockets (cgroup hooks) |
+//! | [`service`] | Kubernetes Services: frontends, backend choice, affinity |
+//! | [`sock`] | Services and hostPorts at the socket (cgroup hooks) |
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -46,6 +47,7 @@ mod nat;
 mod nat_icmp;
 mod packet;
 mod remote;
+mod service;
 mod sock;
 mod stamp;
 mod tcp_ts;
@@ -75,25 +77,26 @@ pub fn from_host(ctx: TcContext) -> i32 {
     from_host::handle(&ctx)
 }
 
-/// cgroup connect4: the node's sockets connecting to a hostPort.
+/// cgroup connect4: pods' and the node's sockets connecting to a Service,
+/// the node's to a hostPort.
 #[cgroup_sock_addr(connect4)]
 pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
     sock::to_pod(&ctx)
 }
 
-/// cgroup sendmsg4: the node's UDP datagrams to a hostPort.
+/// cgroup sendmsg4: unconnected UDP datagrams to a Service or hostPort.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
     sock::to_pod(&ctx)
 }
 
-/// cgroup recvmsg4: answers show the hostPort address.
+/// cgroup recvmsg4: answers show the Service or hostPort address.
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
     sock::from_pod(&ctx)
 }
 
-/// cgroup getpeername4: peers show the hostPort address.
+/// cgroup getpeername4: peers show the Service or hostPort address.
 #[cgroup_sock_addr(getpeername4)]
 pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
     sock::from_pod(&ctx)

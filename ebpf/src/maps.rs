@@ -24,8 +24,10 @@ use rivet_common::{
     COUNTERS_MAX, ENDPOINT_SLOTS_MAX, ENDPOINTS_MAX, EVENTS_BYTES, EndpointInfo, EndpointKey,
     EndpointSlot, EventConfig, HOSTPORTS_MAX, HostPortKey, HostPortTarget, LOCAL_ADDRS_MAX,
     NAT_MAX, NAT_PODS_MAX, NO_MASQ_MAX, NatConfig, NatEntry, NatKey, NatLimits, NatPodKey,
-    NodeConfig, PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SockConfig,
-    SockRevKey, SockRevTarget, StatsEntry, nat_config_flags, nat_pod_slot,
+    NodeConfig, PEERS_MAX, PeerInfo, ROUTES_MAX, RouteInfo, SOCK_REVNAT_MAX, SVC_AFFINITY_MAX,
+    SVC_BACKENDS_MAX, SVC_FRONTENDS_MAX, SVC_IDS_MAX, SockConfig, SockRevKey, SockRevTarget,
+    StatsEntry, SvcAffinity, SvcAffinityKey, SvcBackend, SvcBackendKey, SvcCounters, SvcInfo,
+    SvcKey, nat_config_flags, nat_pod_slot,
 };
 
 /// Pods on this node, by IPv4 address.
@@ -169,7 +171,7 @@ pub fn nat_pod_flows(addr: u32) -> u64 {
 /// `core::sync::atomic` offers no `fetch_add`; the intrinsic's result is
 /// unused, which is what the instruction supports.)
 #[inline(always)]
-fn atomic_add(v: *mut u64, delta: u64) {
+pub fn atomic_add(v: *mut u64, delta: u64) {
     // SAFETY: `v` is a map value pointer from a successful lookup, valid
     // for the program run and 8-byte aligned (map values are).
     unsafe {
@@ -297,3 +299,27 @@ pub fn tunable(index: u32) -> u64 {
 #[map]
 pub static FRAG_BUDGET: LruHashMap<EndpointKey, u64> =
     LruHashMap::with_max_entries(ENDPOINTS_MAX, 0);
+
+/// Service frontends (`rivet_common::service`).
+#[map]
+pub static SVC_FRONTENDS: HashMap<SvcKey, SvcInfo> =
+    HashMap::with_max_entries(SVC_FRONTENDS_MAX, 0);
+
+/// Service backend groups.
+#[map]
+pub static SVC_BACKENDS: HashMap<SvcBackendKey, SvcBackend> =
+    HashMap::with_max_entries(SVC_BACKENDS_MAX, 0);
+
+/// ClientIP affinity: a client's backend per Service port (LRU).
+#[map]
+pub static SVC_AFFINITY: LruHashMap<SvcAffinityKey, SvcAffinity> =
+    LruHashMap::with_max_entries(SVC_AFFINITY_MAX, 0);
+
+/// Per-Service-port counters, by `SvcInfo::id` (atomic adds).
+#[map]
+pub static SVC_STATS: Array<SvcCounters> = Array::with_max_entries(SVC_IDS_MAX, 0);
+
+/// This node's pods' network namespaces, by cookie: the socket hooks
+/// translate Services for their sockets.
+#[map]
+pub static SOCK_NETNS: HashMap<u64, u32> = HashMap::with_max_entries(ENDPOINTS_MAX, 0);

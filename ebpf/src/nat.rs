@@ -104,8 +104,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use rivet_common::{
-    Counter, EndpointInfo, NAT_PROBES, NAT_UNANSWERED_REUSE_NS, NatConfig, NatEntry, NatKey,
-    NodeConfig, RouteInfo, nat_dir, nat_flags, nat_stat,
+    AFFINITY_BY_ADDR, Counter, EndpointInfo, NAT_PROBES, NAT_UNANSWERED_REUSE_NS, NatConfig,
+    NatEntry, NatKey, NodeConfig, RouteInfo, nat_dir, nat_flags, nat_stat, svc_scope,
 };
 
 use crate::headers::EthHdr;
@@ -113,9 +113,10 @@ use crate::headers::EthHdr;
 use crate::{
     fib,
     headers::{ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr},
-    ipv4,
+    icmp, ipv4,
     maps::{self, NAT},
     packet::ptr_at,
+    service::{self, Lookup, Nodes},
     tcp_ts, verdict,
 };
 
@@ -672,10 +673,118 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
         Client::Pod { ifindex, gateway } if ifindex == ep.ifindex => Some(gateway),
         _ => None,
     };
+    dnat(ctx, ip, &l4, (target.pod_ip, target.port), ep, hairpin)
+}
+
+/// A packet at the uplink for a Service frontend: a NodePort on one of the
+/// node's addresses, an external IP or a load-balancer IP
+/// ([`crate::service`], scope `EXTERNAL`). The flow's backend is kept in
+/// `NAT` under the client's tuple (`dir = svc`), inserted only if absent —
+/// two CPUs taking a flow's first packets agree on the one that won — and
+/// chosen anew only when a SYN reuses the tuple of a flow that ended.
+/// Then as a hostPort: the reply tuple recorded, the destination rewritten,
+/// the backend (a ready local endpoint) returned for delivery; the client's
+/// address is kept. No backend → ICMP port unreachable out of `uplink`.
+#[inline(always)]
+pub fn service_in(ctx: &TcContext, ip: &Ip, uplink: u32) -> Reply {
+    if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
+        return Reply::NotOurs;
+    }
+    let Some(l4) = parse(ctx, ip, true) else {
+        return Reply::NotOurs;
+    };
+    let key = NatKey::new(ip.src, ip.dst, (l4.sport, l4.dport), ip.proto, nat_dir::SVC);
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut held = None;
+    if let Some(entry) = NAT.get_ptr_mut(key) {
+        // SAFETY: as in `touch`; address and port of an entry never change.
+        let (addr, port, flags) = unsafe { ((*entry).addr, (*entry).port, (*entry).flags) };
+        let reopened =
+            l4.flags & nat_flags::SYN != 0 && flags & (nat_flags::FIN | nat_flags::RST) != 0;
+        if !reopened {
+            touch(entry, now, l4.flags);
+            held = Some((addr, port));
+        }
+    }
+    let (addr, port) = match held {
+        Some(backend) => backend,
+        None => {
+            let client = AFFINITY_BY_ADDR | u64::from(ip.src);
+            match service::lookup(
+                ip.dst,
+                l4.dport,
+                ip.proto,
+                svc_scope::EXTERNAL,
+                Nodes::This,
+                client,
+            ) {
+                Lookup::None => return Reply::NotOurs,
+                Lookup::Reject => {
+                    return Reply::Done(icmp::port_unreachable(ctx, uplink, ip.dst));
+                }
+                Lookup::NoLocal => {
+                    return Reply::Done(verdict::drop(ctx, Counter::DropSvcNoBackend));
+                }
+                Lookup::Backend(backend, info) => {
+                    let entry = NatEntry {
+                        addr: backend.addr,
+                        port: backend.port,
+                        flags: l4.flags,
+                        last_seen: now,
+                        ts_delta: 0,
+                        _pad: 0,
+                    };
+                    // A SYN on an ended flow replaces it; otherwise the
+                    // first CPU's choice stands.
+                    let mode = if held.is_none() && NAT.get_ptr(key).is_some() {
+                        BPF_ANY
+                    } else {
+                        BPF_NOEXIST
+                    };
+                    if NAT.insert(key, entry, u64::from(mode)).is_ok() {
+                        maps::nat_created(1);
+                        service::count(info.id, service::Stat::Flows);
+                        (backend.addr, backend.port)
+                    } else {
+                        // SAFETY: as in `touch`.
+                        match NAT.get_ptr(key).map(|e| unsafe { ((*e).addr, (*e).port) }) {
+                            Some(won) => won,
+                            None => {
+                                return Reply::Done(verdict::drop(
+                                    ctx,
+                                    Counter::DropNatInsertFailed,
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let Some(ep) = maps::endpoint(addr) else {
+        return Reply::Done(verdict::drop(ctx, Counter::DropSvcBackendUnreachable));
+    };
+    let ep = *ep;
+    dnat(ctx, ip, &l4, (addr, port), ep, None)
+}
+
+/// Records the reply tuple of a connection to `to` (a hostPort's pod or a
+/// Service's backend, the endpoint `ep`) and rewrites the destination; a
+/// hairpin client's source becomes `hairpin` (its gateway).
+#[inline(always)]
+fn dnat(
+    ctx: &TcContext,
+    ip: &Ip,
+    l4: &L4,
+    to: (u32, u16),
+    ep: EndpointInfo,
+    hairpin: Option<u32>,
+) -> Reply {
     let key = NatKey::new(
-        target.pod_ip,
+        to.0,
         hairpin.unwrap_or(ip.src),
-        (target.port, l4.sport),
+        (to.1, l4.sport),
         ip.proto,
         nat_dir::DNAT,
     );
@@ -710,17 +819,11 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
             maps::nat_created(1);
         }
     }
-    let rewritten = rewrite(
-        ctx,
-        &l4,
-        true,
-        (ip.dst, target.pod_ip),
-        (l4.dport, target.port),
-    )
-    .and_then(|()| match hairpin {
-        Some(gateway) => rewrite_addr(ctx, &l4, false, (ip.src, gateway)),
-        None => Ok(()),
-    });
+    let rewritten =
+        rewrite(ctx, l4, true, (ip.dst, to.0), (l4.dport, to.1)).and_then(|()| match hairpin {
+            Some(gateway) => rewrite_addr(ctx, l4, false, (ip.src, gateway)),
+            None => Ok(()),
+        });
     match rewritten {
         Ok(()) => Reply::Deliver(ep),
         Err(reason) => Reply::Done(verdict::drop(ctx, reason)),

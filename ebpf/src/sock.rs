@@ -1,57 +1,83 @@
-//! hostPorts for the node's own sockets: cgroup socket-address hooks that send
-//! a connect or a datagram aimed at a node address (or loopback) and a hostPort
-//! straight to the pod, at the socket, before a packet exists — so 127.0.0.1
-//! works without `route_localnet` and nothing is NATed on the wire. Such a
-//! packet never crosses an interface rivet owns (loopback), and routing
-//! 127.0.0.1 to a pod would need `route_localnet`.
+//! Socket-level translation (cgroup socket-address hooks): a `connect` or
+//! an unconnected `sendmsg` is sent to its real destination before a packet
+//! exists, and `recvmsg` / `getpeername` show the address the application
+//! used. Nothing is NATed on the wire.
 //!
-//! `sock_connect4` (TCP, connected UDP) and `sock_sendmsg4` (unconnected UDP)
-//! look the destination up — a loopback address in mappings without hostIP
-//! (`HOSTPORTS{0, port, proto}`), a node address (`LOCAL_ADDRS`) as
-//! `nat::hostport_in` does — and, for a ready endpoint, rewrite it to the pod's
-//! address and container port, remembering `{socket cookie, pod, container
-//! port} → {address, hostPort}` in `SOCK_REVNAT` (LRU). `sock_recvmsg4` and
-//! `sock_getpeername4` show that remembered address instead of the pod's, so a
-//! DNS-like client that checks the answer's source, or `getpeername`, sees what
-//! it asked for. The pod sees the node's address as the client (the kernel
-//! picks the source for the route to the pod).
+//! **Services** ([`crate::service`], scope `INTERNAL`): for the sockets of
+//! this node's pods (network namespace cookie in `SOCK_NETNS`) and of the
+//! node itself, a ClusterIP, external IP, load-balancer IP or NodePort (on
+//! any node's address; on loopback only for the node's sockets) becomes a
+//! backend — chosen once per TCP or connected-UDP socket, per datagram for
+//! unconnected UDP (each answer still shows the Service address). A frontend
+//! without backends fails the call at once (`EPERM`, like Cilium's socket
+//! LB) instead of a connection that hangs; counted as the Service port's
+//! `rejected`.
 //!
-//! The hooks sit on a cgroup that other network namespaces share (the cgroup2
-//! root); each first compares `bpf_get_netns_cookie` with `SOCK_CONFIG`'s
-//! cookie (the node namespace's `SO_NETNS_COOKIE`, written by the agent) and
-//! leaves every other socket alone — several nodes on one machine each have
-//! their own hooks. Every call proceeds. Attaching, pinning and restart:
-//! `rivet::datapath::sockhooks`.
+//! **hostPorts** for the node's own sockets: a node address (or loopback)
+//! and a hostPort becomes the pod's address and container port — so
+//! 127.0.0.1 works without `route_localnet`. The pod sees the node's address
+//! as the client.
+//!
+//! Both remember `{socket cookie, real address, real port} → {address,
+//! port asked for}` in `SOCK_REVNAT` (LRU); `recvmsg4` and `getpeername4`
+//! show what was asked for, so a DNS-like client that checks the answer's
+//! source, or `getpeername`, sees what it asked for.
+//!
+//! The hooks sit on a cgroup that other network namespaces share (the
+//! cgroup2 root); each first compares `bpf_get_netns_cookie` with
+//! `SOCK_CONFIG`'s cookie (the node namespace's `SO_NETNS_COOKIE`, written
+//! by the agent) and `SOCK_NETNS`, and leaves every other socket alone —
+//! several nodes on one machine each have their own hooks. Attaching,
+//! pinning and restart: `rivet::datapath::sockhooks`.
 
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     programs::SockAddrContext,
 };
-use rivet_common::{SockRevKey, SockRevTarget};
+use rivet_common::{SockRevKey, SockRevTarget, svc_scope};
 
-use crate::maps::{self, SOCK_CONFIG, SOCK_REVNAT};
+use crate::{
+    maps::{self, SOCK_CONFIG, SOCK_NETNS, SOCK_REVNAT},
+    service::{self, Lookup, Nodes},
+};
 
 const AF_INET: u32 = 2;
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
 /// A socket hook's verdict that lets the system call go on.
 const PROCEED: i32 = 1;
+/// A socket hook's verdict that fails the system call (`EPERM`).
+const REJECT: i32 = 0;
 
-/// The socket lives in the node's network namespace.
+/// Whose socket this is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// The node's own (its network namespace).
+    Node,
+    /// A pod of this node.
+    Pod,
+}
+
+/// The call's socket, if it belongs to this node or one of its pods.
 #[inline(always)]
-fn in_node_netns(ctx: &SockAddrContext) -> bool {
-    let Some(cfg) = SOCK_CONFIG.get(0) else {
-        return false;
-    };
+fn owner(ctx: &SockAddrContext) -> Option<(Owner, u64)> {
     // SAFETY: plain helper call on the program's context.
-    cfg.netns_cookie != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cfg.netns_cookie
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    if let Some(cfg) = SOCK_CONFIG.get(0)
+        && cfg.netns_cookie != 0
+        && netns == cfg.netns_cookie
+    {
+        return Some((Owner::Node, netns));
+    }
+    // SAFETY: entries are written whole by the agent.
+    unsafe { SOCK_NETNS.get(netns) }.map(|_| (Owner::Pod, netns))
 }
 
 /// `(address, port, protocol)` the call names (wire order), if IPv4
-/// TCP/UDP in the node's namespace.
+/// TCP/UDP, and whose socket it is.
 #[inline(always)]
-fn target(ctx: &SockAddrContext) -> Option<(u32, u16, u8)> {
+fn target(ctx: &SockAddrContext) -> Option<(u32, u16, u8, Owner, u64)> {
     let sa = ctx.sock_addr;
     // SAFETY: the kernel's context for this program type; these fields are
     // readable by every socket-address hook (4-byte loads).
@@ -66,38 +92,65 @@ fn target(ctx: &SockAddrContext) -> Option<(u32, u16, u8)> {
     if family != AF_INET || (protocol != IPPROTO_TCP && protocol != IPPROTO_UDP) {
         return None;
     }
-    if !in_node_netns(ctx) {
-        return None;
-    }
-    Some((addr, port as u16, protocol as u8))
+    let (owner, netns) = owner(ctx)?;
+    Some((addr, port as u16, protocol as u8, owner, netns))
 }
 
-/// connect4 / sendmsg4: a hostPort on a node address or on loopback (which
-/// only mappings without a hostIP serve) becomes the pod's address and
+/// connect4 / sendmsg4: a Service frontend becomes a backend; for the
+/// node's sockets a hostPort on a node address or on loopback (which only
+/// mappings without a hostIP serve) becomes the pod's address and
 /// container port.
 #[inline(always)]
 pub fn to_pod(ctx: &SockAddrContext) -> i32 {
-    let Some((addr, port, proto)) = target(ctx) else {
+    let Some((addr, port, proto, owner, netns)) = target(ctx) else {
         return PROCEED;
     };
-    let mapping = if addr.to_ne_bytes()[0] == 127 {
-        maps::hostport(0, port, proto)
-    } else if maps::is_local_addr(addr) {
-        maps::hostport(addr, port, proto)
+    let loopback = addr.to_ne_bytes()[0] == 127;
+    // A pod's loopback is its own; the node's reaches NodePorts.
+    let service_addr = if loopback { 0 } else { addr };
+    let lookup = if loopback && owner == Owner::Pod {
+        Lookup::None
     } else {
-        None
+        service::lookup(
+            service_addr,
+            port,
+            proto,
+            svc_scope::INTERNAL,
+            Nodes::Any,
+            netns,
+        )
     };
-    let Some(mapping) = mapping else {
-        return PROCEED;
+    let (to_addr, to_port) = match lookup {
+        Lookup::Reject | Lookup::NoLocal => return REJECT,
+        Lookup::Backend(backend, info) => {
+            service::count(info.id, service::Stat::Sockets);
+            (backend.addr, backend.port)
+        }
+        Lookup::None => {
+            if owner != Owner::Node {
+                return PROCEED;
+            }
+            let mapping = if loopback {
+                maps::hostport(0, port, proto)
+            } else if maps::is_local_addr(addr) {
+                maps::hostport(addr, port, proto)
+            } else {
+                None
+            };
+            let Some(mapping) = mapping else {
+                return PROCEED;
+            };
+            if maps::endpoint(mapping.pod_ip).is_none() {
+                return PROCEED;
+            }
+            (mapping.pod_ip, mapping.port)
+        }
     };
-    if maps::endpoint(mapping.pod_ip).is_none() {
-        return PROCEED;
-    }
     let key = SockRevKey {
         // SAFETY: plain helper call on the program's context.
         cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        addr: mapping.pod_ip,
-        port: mapping.port,
+        addr: to_addr,
+        port: to_port,
         _pad: 0,
     };
     let asked = SockRevTarget {
@@ -106,22 +159,23 @@ pub fn to_pod(ctx: &SockAddrContext) -> i32 {
         _pad: 0,
     };
     // Without the record only the reverse view is lost (the reply shows
-    // the pod's address): the connection itself still works.
+    // the real address): the connection itself still works.
     let _ = SOCK_REVNAT.insert(key, asked, 0);
     let sa = ctx.sock_addr;
     // SAFETY: user_ip4 and user_port are writable in connect4 and sendmsg4.
     unsafe {
-        (*sa).user_ip4 = mapping.pod_ip;
-        (*sa).user_port = u32::from(mapping.port);
+        (*sa).user_ip4 = to_addr;
+        (*sa).user_port = u32::from(to_port);
     }
     PROCEED
 }
 
-/// recvmsg4 / getpeername4: a pod address this socket was sent to instead
-/// of a hostPort shows as what the application asked for.
+/// recvmsg4 / getpeername4: an address this socket was sent to instead of
+/// a Service frontend or a hostPort shows as what the application asked
+/// for.
 #[inline(always)]
 pub fn from_pod(ctx: &SockAddrContext) -> i32 {
-    let Some((addr, port, _)) = target(ctx) else {
+    let Some((addr, port, _, _, _)) = target(ctx) else {
         return PROCEED;
     };
     let key = SockRevKey {

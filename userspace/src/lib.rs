@@ -11,6 +11,7 @@
 //! | 5 | [`cluster`] | remote nodes → ROUTES and PEERS maps; node devices; sources of the cluster's nodes (etcd) |
 //! | 4 | [`endpoint`] | plumbing pods in and out, with rollback; CHECK, GC, hostPorts; address management |
 //! | 3 | [`nat`] | masquerade settings and the NAT table's collector |
+//! | 3 | [`services`] | Service and EndpointSlice objects → the Service maps |
 //! | 3 | [`events`] | datapath events → `monitor` |
 //! | 3 | [`install`] | CNI binary, conflist, unit and config onto a node |
 //! | 2 | [`datapath`] | the eBPF object: load, pin, attach, socket hooks, typed maps |
@@ -30,6 +31,7 @@ pub mod nat;
 pub mod netlink;
 pub mod objects;
 pub mod server;
+pub mod services;
 pub mod store;
 
 // The paths of the flat layout, kept for the test harness (tests/, fuzz/,

@@ -261,6 +261,13 @@ pub fn reply_key(k: &NatKey, e: &NatEntry) -> NatKey {
 }
 
 /// How long a flow may stay idle.
+/// The Service flow entry (`dir = svc`: the client's tuple and the backend
+/// chosen) of a DNAT entry `{backend, client, backend port, client port}
+/// → {frontend, frontend port}`.
+pub fn svc_key(k: &NatKey, e: &NatEntry) -> NatKey {
+    NatKey::new(k.dst, e.addr, (k.dport, e.port), k.proto, nat_dir::SVC)
+}
+
 fn timeout_ns(proto: u8, flags: u16, replied: bool, t: Timeouts) -> u64 {
     let secs = match proto {
         TCP if flags & nat_flags::RST != 0 => t.closing,
@@ -448,8 +455,15 @@ impl Collector {
                 doomed.push((Doom::Expired, vec![(*k, e.last_seen), (rk, r.last_seen)]));
             }
         }
-        // hostPort connections: one entry each, refreshed both ways.
+        // hostPort and Service connections: one entry each, refreshed both
+        // ways; a Service flow's backend choice (its client tuple) goes
+        // with it.
         for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::DNAT) {
+            let choice = svc_key(k, e);
+            let choice = all.get(&choice).map(|c| {
+                partnered.insert(choice);
+                (choice, c.last_seen)
+            });
             let replied = e.flags & nat_flags::SEEN != 0;
             let both_fin = e.flags & (nat_flags::FIN | nat_flags::FIN_POD)
                 == nat_flags::FIN | nat_flags::FIN_POD;
@@ -458,11 +472,18 @@ impl Collector {
             } else {
                 timeout_ns(k.proto, e.flags, replied, self.timeouts)
             };
-            if now.saturating_sub(e.last_seen) > limit {
-                doomed.push((Doom::Expired, vec![(*k, e.last_seen)]));
+            let last = choice.map_or(e.last_seen, |(_, seen)| seen.max(e.last_seen));
+            if now.saturating_sub(last) > limit {
+                doomed.push((
+                    Doom::Expired,
+                    std::iter::once((*k, e.last_seen)).chain(choice).collect(),
+                ));
             }
         }
-        for (k, e) in all.iter().filter(|(k, _)| k.dir == nat_dir::REPLY) {
+        for (k, e) in all
+            .iter()
+            .filter(|(k, _)| k.dir == nat_dir::REPLY || k.dir == nat_dir::SVC)
+        {
             if !partnered.contains(k) && !young(e) {
                 doomed.push((Doom::Orphaned, vec![(*k, e.last_seen)]));
             }
@@ -526,10 +547,12 @@ impl Collector {
 pub fn describe(k: &NatKey, e: &NatEntry) -> String {
     let ip = |a: u32| Ipv4Addr::from(ipv4_from_key(a));
     let port = |p: u16| u16::from_be(p);
-    let dir = if k.dir == nat_dir::EGRESS {
-        "egress"
-    } else {
-        "reply"
+    let dir = match k.dir {
+        nat_dir::EGRESS => "egress",
+        nat_dir::REPLY => "reply",
+        nat_dir::DNAT => "dnat-reply",
+        nat_dir::SVC => "service",
+        _ => "unknown",
     };
     format!(
         "{dir} {} {}:{} -> {}:{} => {}:{}",

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["store", "netlink"],
     &["datapath", "objects"],
-    &["nat", "events", "install"],
+    &["nat", "events", "install", "services"],
     &["endpoint"],
     &["cluster"],
     &["agent"],

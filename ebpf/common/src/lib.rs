@@ -9,6 +9,9 @@
 //! - `aya::Pod` is implemented only with the `user` feature.
 #![no_std]
 
+mod service;
+pub use service::*;
+
 /// Names of the maps, as the loader finds them in the object and pins them.
 pub mod map_names {
     /// Local endpoints: [`crate::EndpointKey`] → [`crate::EndpointInfo`].
@@ -62,6 +65,18 @@ pub mod map_names {
     /// map stays the truth; a slot is only trusted when it names the address
     /// looked up.
     pub const ENDPOINT_SLOTS: &str = "ENDPOINT_SLOTS";
+    /// Service frontends: [`crate::SvcKey`] → [`crate::SvcInfo`].
+    pub const SVC_FRONTENDS: &str = "SVC_FRONTENDS";
+    /// Service backend groups: [`crate::SvcBackendKey`] → [`crate::SvcBackend`].
+    pub const SVC_BACKENDS: &str = "SVC_BACKENDS";
+    /// ClientIP affinity (LRU): [`crate::SvcAffinityKey`] → [`crate::SvcAffinity`].
+    pub const SVC_AFFINITY: &str = "SVC_AFFINITY";
+    /// Per-Service-port counters (array by [`crate::SvcInfo::id`]):
+    /// [`crate::SvcCounters`].
+    pub const SVC_STATS: &str = "SVC_STATS";
+    /// Network namespaces of this node's pods, by `SO_NETNS_COOKIE`: `u64`
+    /// → [`crate::netns_role`]; the socket hooks translate Services for them.
+    pub const SOCK_NETNS: &str = "SOCK_NETNS";
 
     /// Every map the agent pins: the names of [`crate::MAPS`], in its order.
     pub const ALL: [&str; crate::MAPS.len()] = {
@@ -165,7 +180,7 @@ type LpmKey = [u32; 2];
 /// Every map of the datapath, stated once: names, types, layouts and
 /// capacities ([`map_names::ALL`] and the agent's layout checks, pins and
 /// sized maps come from here).
-pub const MAPS: [MapSpec; 20] = {
+pub const MAPS: [MapSpec; 25] = {
     use MapKind::*;
     use map_names as n;
     [
@@ -196,6 +211,16 @@ pub const MAPS: [MapSpec; 20] = {
         MapSpec::new::<EndpointKey, u64>(n::FRAG_BUDGET, LruHash, ENDPOINTS_MAX)
             .sized(MapSizing::Follows("max_endpoints")),
         MapSpec::new::<u32, EndpointSlot>(n::ENDPOINT_SLOTS, Array, ENDPOINT_SLOTS_MAX),
+        MapSpec::new::<SvcKey, SvcInfo>(n::SVC_FRONTENDS, Hash, SVC_FRONTENDS_MAX)
+            .sized(MapSizing::Configured("max_services")),
+        MapSpec::new::<SvcBackendKey, SvcBackend>(n::SVC_BACKENDS, Hash, SVC_BACKENDS_MAX)
+            .sized(MapSizing::Configured("max_service_backends")),
+        MapSpec::new::<SvcAffinityKey, SvcAffinity>(n::SVC_AFFINITY, LruHash, SVC_AFFINITY_MAX),
+        // One slot per frontend id; the agent hands ids below `max_services`.
+        MapSpec::new::<u32, SvcCounters>(n::SVC_STATS, Array, SVC_IDS_MAX)
+            .sized(MapSizing::Follows("max_services")),
+        MapSpec::new::<u64, u32>(n::SOCK_NETNS, Hash, ENDPOINTS_MAX)
+            .sized(MapSizing::Configured("max_endpoints")),
     ]
 };
 
@@ -426,6 +451,9 @@ pub mod endpoint_flags {
     pub const READY: u32 = 1;
     /// The endpoint has hostPorts: its packets may be replies to translate.
     pub const HOSTPORTS: u32 = 2;
+    /// The endpoint is a backend of a Service reachable at the uplink
+    /// (NodePort, external IPs): its packets may be replies to translate.
+    pub const SERVICE: u32 = 4;
 }
 
 /// Node-wide settings read by every program; one entry at index 0.
@@ -614,6 +642,10 @@ pub mod nat_dir {
     /// A hostPort connection's reply as the pod sends it (pod → client):
     /// rewrite the source back to the node address and hostPort.
     pub const DNAT: u8 = 2;
+    /// A Service flow at the uplink as the client sends it (client →
+    /// frontend): the backend chosen for it, so every packet of the flow
+    /// goes to the same one whichever CPU takes it.
+    pub const SVC: u8 = 3;
 }
 
 /// Value of the NAT map.
@@ -777,6 +809,9 @@ pub enum Counter {
     FwdDnat = 19,
     /// A pod's reply on a hostPort connection: source restored, sent.
     RevDnat = 20,
+    /// Addressed to a Service frontend at the uplink (NodePort, external
+    /// IP): destination rewritten to a local backend, delivered.
+    FwdSvc = 21,
 
     /// Frame shorter than its Ethernet/ARP/IPv4 headers, or a datagram
     /// (first fragment or whole) shorter than its TCP/UDP/ICMP header.
@@ -834,6 +869,12 @@ pub enum Counter {
     /// reply, an error about an unknown flow, another type): it starts no
     /// flow and answers none, so it is never sent with the pod's address.
     DropNatIcmpUnknown = 54,
+    /// Addressed to a Service frontend with no backend (for this client):
+    /// answered with ICMP port unreachable, as kube-proxy's REJECT.
+    DropSvcNoBackend = 55,
+    /// Addressed to a Service frontend whose chosen backend cannot be
+    /// reached from here (not a ready local endpoint).
+    DropSvcBackendUnreachable = 56,
 }
 
 impl Counter {
@@ -841,7 +882,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 44] = [
+    pub const ALL: [Counter; 47] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -863,6 +904,7 @@ impl Counter {
         Counter::PassNatNoState,
         Counter::FwdDnat,
         Counter::RevDnat,
+        Counter::FwdSvc,
         Counter::DropTruncated,
         Counter::DropBadIpHeader,
         Counter::DropSpoofedIp,
@@ -886,6 +928,8 @@ impl Counter {
         Counter::DropNatQuota,
         Counter::DropFragBudget,
         Counter::DropNatIcmpUnknown,
+        Counter::DropSvcNoBackend,
+        Counter::DropSvcBackendUnreachable,
     ];
 
     /// Index in the stats map.
@@ -924,6 +968,7 @@ impl Counter {
             Counter::PassNatNoState => ("pass_nat_no_state", Pass),
             Counter::FwdDnat => ("fwd_dnat", Forward),
             Counter::RevDnat => ("rev_dnat", Forward),
+            Counter::FwdSvc => ("fwd_svc", Forward),
             Counter::DropTruncated => ("drop_truncated", Drop),
             Counter::DropBadIpHeader => ("drop_bad_ip_header", Drop),
             Counter::DropSpoofedIp => ("drop_spoofed_ip", Drop),
@@ -947,6 +992,8 @@ impl Counter {
             Counter::DropNatQuota => ("drop_nat_quota", Drop),
             Counter::DropFragBudget => ("drop_frag_budget", Drop),
             Counter::DropNatIcmpUnknown => ("drop_nat_icmp_unknown", Drop),
+            Counter::DropSvcNoBackend => ("drop_svc_no_backend", Drop),
+            Counter::DropSvcBackendUnreachable => ("drop_svc_backend_unreachable", Drop),
         }
     }
 
@@ -1023,6 +1070,20 @@ mod pod {
     unsafe impl aya::Pod for super::EventConfig {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::NatPodKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcBackendKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcBackend {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcAffinityKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcAffinity {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SvcCounters {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -1045,6 +1106,13 @@ const _: () = assert!(core::mem::size_of::<SockRevKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SockRevTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<Event>() == 24);
 const _: () = assert!(core::mem::size_of::<EventConfig>() == 4);
+const _: () = assert!(core::mem::size_of::<SvcKey>() == 8);
+const _: () = assert!(core::mem::size_of::<SvcInfo>() == 24);
+const _: () = assert!(core::mem::size_of::<SvcBackendKey>() == 8);
+const _: () = assert!(core::mem::size_of::<SvcBackend>() == 8);
+const _: () = assert!(core::mem::size_of::<SvcAffinityKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SvcAffinity>() == 24);
+const _: () = assert!(core::mem::size_of::<SvcCounters>() == 32);
 
 #[cfg(test)]
 mod tests {

@@ -648,6 +648,10 @@ pub struct Endpoint {
     /// When the record was created (seconds since the epoch).
     #[serde(default)]
     pub created: u64,
+    /// The pod network namespace's cookie (`SO_NETNS_COOKIE`), marked for
+    /// the Service socket hooks; `None` in records of older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_cookie: Option<u64>,
 }
 
 impl Endpoint {

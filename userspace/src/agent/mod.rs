@@ -35,6 +35,7 @@
 //! program IDs, never a veth without its program.
 
 mod objects;
+mod services;
 pub mod status;
 
 use std::{
@@ -86,6 +87,9 @@ pub enum AgentError {
     /// Masquerade problem.
     #[error(transparent)]
     Nat(#[from] crate::nat::NatError),
+    /// Service maps problem.
+    #[error(transparent)]
+    Services(#[from] crate::services::ServiceError),
     /// Endpoint reconciliation problem.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
@@ -137,6 +141,8 @@ pub struct NodeState {
     pub cluster: Cluster,
     /// The Kubernetes objects (`objects/` in the state directory).
     pub objects: ObjectStore,
+    /// The Services this node serves (the Service maps).
+    pub services: crate::services::Services,
 }
 
 /// A running agent.
@@ -308,6 +314,20 @@ impl Agent {
         endpoints
             .reconcile(&nl, &mut dp, Reattach::All, &keep_links(&cfg), &local, None)
             .await?;
+        // The Service maps as a previous agent left them (kept across
+        // restarts: established connections never notice).
+        let mut services = crate::services::Services::load(
+            &mut dp,
+            crate::services::Capacity {
+                frontends: cfg.limits.services,
+                backends: cfg.limits.service_backends,
+            },
+        )?;
+        let plan = services::plan_for(&cfg.node_name, &endpoints, objects.objects());
+        match services::sync(&mut services, &mut dp, plan) {
+            Ok(changes) => tracing::info!(?changes, "services synced from the stored objects"),
+            Err(e) => tracing::error!(error = %e, "the stored Services are not in the datapath"),
+        }
         // The endpoint cache after the entries it copies.
         let slots = dp.sync_endpoint_slots()?;
         if slots > 0 {
@@ -341,6 +361,7 @@ impl Agent {
                 local,
                 cluster,
                 objects,
+                services,
             }),
             started: Instant::now(),
             mtu,

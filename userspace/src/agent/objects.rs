@@ -161,7 +161,7 @@ impl Agent {
     /// and writes its maps here. An error refuses the change whole (the
     /// store is left as it was).
     fn check_staged(&self, state: &mut NodeState, next: &ObjectSet) -> Result<(), ApiError> {
-        let _ = (self, state, next);
+        self.sync_services(state, next)?;
         Ok(())
     }
 

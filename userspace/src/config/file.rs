@@ -159,6 +159,15 @@ pub struct FileConfig {
     /// Capacity of the hostPort map, mappings on this node (default 16384).
     #[arg(long, help_heading = "Map capacities")]
     pub max_hostports: Option<u32>,
+    /// Capacity of the Service frontend map: Service ports × their
+    /// frontends (ClusterIP, NodePort, external and load-balancer IPs) and
+    /// scopes; also the number of Service port ids (default 65536).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_services: Option<u32>,
+    /// Capacity of the Service backend map: backends summed over every
+    /// frontend group, with room for a group being replaced (default 262144).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_service_backends: Option<u32>,
 }
 
 impl FileConfig {

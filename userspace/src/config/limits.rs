@@ -4,7 +4,8 @@
 use super::{ConfigError, FileConfig, invalid};
 
 /// Capacities of the maps the agent fills (entries), from `max_endpoints`,
-/// `max_routes`, `max_hostports` and `nat_max_entries`. Every map is
+/// `max_routes`, `max_hostports`, `max_services`, `max_service_backends`
+/// and `nat_max_entries`. Every map is
 /// preallocated by the kernel at this size when first created; a pinned map
 /// keeps its size until `rivetd unload`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,10 @@ pub struct MapLimits {
     pub hostports: u32,
     /// NAT/conntrack entries (NAT; a masqueraded flow takes two).
     pub nat: u32,
+    /// Service frontends (SVC_FRONTENDS) and Service port ids (SVC_STATS).
+    pub services: u32,
+    /// Service backends over every group (SVC_BACKENDS).
+    pub service_backends: u32,
 }
 
 impl Default for MapLimits {
@@ -26,6 +31,8 @@ impl Default for MapLimits {
             routes: rivet_common::ROUTES_MAX,
             hostports: rivet_common::HOSTPORTS_MAX,
             nat: rivet_common::NAT_MAX,
+            services: rivet_common::SVC_FRONTENDS_MAX,
+            service_backends: rivet_common::SVC_BACKENDS_MAX,
         }
     }
 }
@@ -44,6 +51,12 @@ pub(super) fn map_limits(file: &FileConfig, nat: u32) -> Result<MapLimits, Confi
         routes: size("max_routes", file.max_routes, defaults.routes)?,
         hostports: size("max_hostports", file.max_hostports, defaults.hostports)?,
         nat,
+        services: size("max_services", file.max_services, defaults.services)?,
+        service_backends: size(
+            "max_service_backends",
+            file.max_service_backends,
+            defaults.service_backends,
+        )?,
     })
 }
 

@@ -157,6 +157,9 @@ pub struct Datapath {
     /// load and kept in step by every write: one agent owns the pins (a
     /// lock), so an endpoint update costs two map writes and no read.
     slot_holders: Vec<u32>,
+    /// Local addresses that are backends of Services reachable at the
+    /// uplink (endpoint flag `SERVICE`; `maps/services.rs`).
+    service_backends: std::collections::BTreeSet<std::net::Ipv4Addr>,
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -277,6 +280,7 @@ impl Datapath {
             layout: layout.clone(),
             object,
             slot_holders,
+            service_backends: std::collections::BTreeSet::new(),
         })
     }
 

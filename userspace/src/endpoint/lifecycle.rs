@@ -230,6 +230,7 @@ impl Endpoints {
             bandwidth: spec.bandwidth.clone(),
             routes: spec.routes.clone(),
             created: now_secs(),
+            netns_cookie: None,
         };
 
         let mut rollback = Rollback::default();
@@ -308,6 +309,9 @@ impl Endpoints {
                 dp.remove_endpoint(ep.ip)?;
             }
             remove_hostports(dp, ep)?;
+            if let Some(cookie) = ep.netns_cookie {
+                dp.remove_pod_netns(cookie)?;
+            }
         }
         existed |= dp.detach(&host, Hook::Ingress)?;
         let drain = match (&link, &record) {

@@ -45,10 +45,16 @@ pub(super) struct Rollback {
     map_ip: Option<Ipv4Addr>,
     link: Option<String>,
     hostports: Vec<HostPortKey>,
+    netns_cookie: Option<u64>,
 }
 
 impl Rollback {
     pub(super) async fn run(self, nl: &Netlink, dp: &mut Datapath, store: &RecordDir) {
+        if let Some(cookie) = self.netns_cookie
+            && let Err(e) = dp.remove_pod_netns(cookie)
+        {
+            tracing::warn!(error = %e, "rollback: forgetting the pod namespace");
+        }
         for key in self.hostports {
             if let Err(e) = dp.remove_hostport(key) {
                 tracing::warn!(error = %e, "rollback: removing a hostPort");
@@ -244,12 +250,12 @@ impl Endpoints {
         }
         let host_side = self.sync_nl.run(batch);
         timeline.mark("host_batch");
-        let seen_mac = pod_side
+        let pod_done = pod_side
             .done
             .await
             .map_err(|e| EndpointError::Other(format!("pod netns thread: {e}")))??;
         host_side?;
-        if let Some(seen_mac) = seen_mac
+        if let Some(seen_mac) = pod_done.mac
             && seen_mac != pod_mac
         {
             return Err(EndpointError::Other(format!(
@@ -275,6 +281,9 @@ impl Endpoints {
             dp.put_hostport(key, target)?;
             rollback.hostports.push(key);
         }
+        dp.put_pod_netns(pod_done.netns_cookie)?;
+        rollback.netns_cookie = Some(pod_done.netns_cookie);
+        ep.netns_cookie = Some(pod_done.netns_cookie);
 
         ep.mac = format_mac(&pod_mac);
         ep.host_ifindex = host_link.index;

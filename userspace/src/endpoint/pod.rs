@@ -62,7 +62,15 @@ pub(super) struct PodSide {
     pub(super) configure: std::sync::mpsc::Sender<Option<u32>>,
     pub(super) proceed: std::sync::mpsc::Sender<()>,
     pub(super) sysctls_done: tokio::sync::oneshot::Receiver<()>,
-    pub(super) done: tokio::sync::oneshot::Receiver<Result<Option<[u8; 6]>, EndpointError>>,
+    pub(super) done: tokio::sync::oneshot::Receiver<Result<PodDone, EndpointError>>,
+}
+
+/// What the pod side found: the pod end's MAC (when it had to look the
+/// link up) and the pod namespace's cookie (`SO_NETNS_COOKIE`: the socket
+/// hooks translate Services for that namespace's sockets).
+pub(super) struct PodDone {
+    pub(super) mac: Option<[u8; 6]>,
+    pub(super) netns_cookie: u64,
 }
 
 /// What the pod side needs to know about the pod.
@@ -179,7 +187,7 @@ pub(super) fn configure_pod_side(
     configure: &std::sync::mpsc::Receiver<Option<u32>>,
     sysctls_done: tokio::sync::oneshot::Sender<()>,
     proceed: &std::sync::mpsc::Receiver<()>,
-) -> Result<Option<[u8; 6]>, EndpointError> {
+) -> Result<PodDone, EndpointError> {
     let abandoned = || EndpointError::Other("ADD abandoned before the pod side ran".into());
     let PodPlan {
         ifname,
@@ -195,6 +203,8 @@ pub(super) fn configure_pod_side(
     timeline.mark("thread_start");
     let mut nl = SyncNetlink::open()
         .map_err(|e| EndpointError::Other(format!("netlink socket in the pod netns: {e}")))?;
+    let netns_cookie = crate::datapath::sockhooks::netns_cookie()
+        .map_err(|e| EndpointError::Other(format!("in the pod netns: {e}")))?;
     timeline.mark("socket");
     let index = configure.recv().map_err(|_| abandoned())?;
     timeline.mark("wait_veth");
@@ -226,7 +236,7 @@ pub(super) fn configure_pod_side(
     nl.run(batch)?;
     timeline.mark("batch");
     tracing::debug!(timing = %timeline, "pod side steps");
-    Ok(mac)
+    Ok(PodDone { mac, netns_cookie })
 }
 
 /// Verifies the pod end for CHECK; the error names what is missing.

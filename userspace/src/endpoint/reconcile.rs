@@ -279,6 +279,7 @@ impl Endpoints {
                 bandwidth: None,
                 routes: Vec::new(),
                 created: now_secs(),
+                netns_cookie: None,
             };
             self.store.save(&key, &ep)?;
             tracing::warn!(record = %key, container = %ep.container_id, ip = %ep.ip, "endpoint record rebuilt from the datapath");

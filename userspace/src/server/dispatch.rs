@@ -157,6 +157,7 @@ async fn endpoint_add(
         ..
     } = &mut *state;
     let ep = endpoints.add(spec, agent.netlink(), dp, local).await?;
+    agent.pods_changed(&mut state);
     drop(state);
     tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
     Ok(Response::Endpoint(ep))
@@ -169,6 +170,7 @@ async fn endpoint_del(
 ) -> Result<Response, ApiError> {
     let NodeState { dp, endpoints, .. } = &mut *state;
     let (existed, drain) = endpoints.del_deferred(r, agent.netlink(), dp).await?;
+    agent.pods_changed(&mut state);
     tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
     if let Some(d) = drain {
         // The lease is released and the datapath forgets the pod

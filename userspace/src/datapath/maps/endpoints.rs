@@ -86,6 +86,10 @@ impl Datapath {
     /// holds `ip` (another address in it keeps it; `ip` is then found
     /// through the hash).
     pub fn put_endpoint(&mut self, ip: Ipv4Addr, info: EndpointInfo) -> Result<(), DatapathError> {
+        let info = EndpointInfo {
+            flags: self.with_service_flag(ip, info.flags),
+            ..info
+        };
         let key = EndpointKey {
             addr: ipv4_key(ip.octets()),
         };

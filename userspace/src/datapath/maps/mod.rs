@@ -19,6 +19,7 @@ pub(super) mod cluster;
 pub(super) mod endpoints;
 pub(super) mod hostports;
 pub(super) mod nat;
+pub(super) mod services;
 pub(super) mod settings;
 pub(super) mod stats;
 
@@ -70,6 +71,8 @@ pub(in crate::datapath) fn configured_size(limits: &MapLimits, key: &str) -> Opt
         "max_routes" => Some(limits.routes),
         "max_hostports" => Some(limits.hostports),
         "nat_max_entries" => Some(limits.nat),
+        "max_services" => Some(limits.services),
+        "max_service_backends" => Some(limits.service_backends),
         _ => None,
     }
 }
@@ -174,6 +177,9 @@ mod tests {
                 rivet_common::map_names::PEERS,
                 rivet_common::map_names::HOSTPORTS,
                 rivet_common::map_names::NAT,
+                rivet_common::map_names::SVC_FRONTENDS,
+                rivet_common::map_names::SVC_BACKENDS,
+                rivet_common::map_names::SOCK_NETNS,
             ]
         );
     }

@@ -1,0 +1,517 @@
+//! Kubernetes Services through rivet's datapath, no kube-proxy: Service and
+//! EndpointSlice objects applied with the real `rivetctl`, real sockets in
+//! pod, node and outside namespaces of a two-node VXLAN cluster.
+//!
+//! Every backend answers each TCP connection and UDP datagram with its own
+//! address, so a test knows which backend it reached; every check has a
+//! failure path (exit statuses, timeouts, exact counts).
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rivet_common::Counter;
+use rivet_tests::{Netns, World, bin, traffic::listen};
+
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const SVC_TCP: u16 = 80;
+const SVC_UDP: u16 = 53;
+const POD_TCP: u16 = 8080;
+const POD_UDP: u16 = 5353;
+const NODE_PORT: u16 = 30080;
+
+/// Runs `rivetctl --socket <node's> ARGS` with `stdin`; returns
+/// (success, stdout + stderr).
+fn rivetctl(w: &World, n: usize, args: &[&str], stdin: &str) -> (bool, String) {
+    let mut cmd = Command::new(bin("rivetctl"));
+    cmd.arg("--socket")
+        .arg(w.nodes[n].agent().socket())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawning rivetctl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("writing rivetctl's stdin");
+    let out = child.wait_with_output().expect("rivetctl output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Applies `doc` on node `n`; panics with rivetctl's words if it fails.
+fn apply(w: &World, n: usize, doc: &str) -> String {
+    let (ok, text) = rivetctl(w, n, &["apply", "-f", "-"], doc);
+    assert!(ok, "rivetctl apply failed: {text}");
+    text
+}
+
+/// A TCP server answering each connection with its own address (4 bytes).
+fn tell_self_tcp(ns: &Netns, me: Ipv4Addr, port: u16) {
+    let l = listen(ns, port);
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            let _ = c.write_all(&me.octets());
+        }
+    });
+}
+
+/// A UDP server answering each datagram with its own address.
+fn tell_self_udp(ns: &Netns, me: Ipv4Addr, port: u16) {
+    let s = ns
+        .exec(move || UdpSocket::bind(("0.0.0.0", port)))
+        .unwrap_or_else(|e| panic!("binding udp :{port} in {}: {e}", ns.name()));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((_, peer)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(&me.octets(), peer);
+        }
+    });
+}
+
+/// Connects from `ns` to `dst` over TCP and reads the backend's address.
+fn reach_tcp(ns: &Netns, dst: SocketAddr) -> std::io::Result<(Ipv4Addr, SocketAddr)> {
+    let mut c = ns.exec(|| TcpStream::connect_timeout(&dst, Duration::from_secs(3)))?;
+    c.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b)?;
+    Ok((Ipv4Addr::from(b), c.peer_addr()?))
+}
+
+/// One datagram from an unconnected socket in `ns` to `dst`: the backend's
+/// address and the source the answer showed.
+fn reach_udp(ns: &Netns, dst: SocketAddr) -> (Ipv4Addr, SocketAddr) {
+    let s = ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut b = [0u8; 4];
+    for _ in 0..10 {
+        s.send_to(b"q", dst).expect("send_to");
+        if let Ok((4, from)) = s.recv_from(&mut b) {
+            return (Ipv4Addr::from(b), from);
+        }
+    }
+    panic!("no UDP answer from {dst} to {}", ns.name());
+}
+
+/// A Service with a TCP port (targetPort by name) and a UDP port.
+fn service(name: &str, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  clusterIP: {CLUSTER_IP}
+  ports:
+  - name: http
+    port: {SVC_TCP}
+    targetPort: http
+    protocol: TCP
+  - name: dns
+    port: {SVC_UDP}
+    targetPort: {POD_UDP}
+    protocol: UDP
+{extra_spec}"#
+    )
+}
+
+/// An EndpointSlice of Service `name` with these (address, node) endpoints,
+/// all ready.
+fn slice(name: &str, endpoints: &[(Ipv4Addr, &str)]) -> String {
+    let mut eps = String::from("endpoints:\n");
+    for (ip, node) in endpoints {
+        eps += &format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: {node}\n"
+        );
+    }
+    if endpoints.is_empty() {
+        eps = "endpoints: []\n".into();
+    }
+    format!(
+        r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: {name}
+addressType: IPv4
+ports:
+- name: http
+  port: {POD_TCP}
+  protocol: TCP
+- name: dns
+  port: {POD_UDP}
+  protocol: UDP
+{eps}"#
+    )
+}
+
+/// Two VXLAN nodes; three backends (two on node 1, one on node 2) serving
+/// TCP and UDP; a client pod on each node.
+struct Setup {
+    w: World,
+    backends: Vec<usize>,
+    clients: Vec<usize>,
+}
+
+fn setup() -> Setup {
+    let mut w = World::new();
+    let nodes = w.add_static_cluster(2, "vxlan");
+    let backends = vec![
+        w.add_pod(nodes[0]),
+        w.add_pod(nodes[0]),
+        w.add_pod(nodes[1]),
+    ];
+    let clients = vec![w.add_pod(nodes[0]), w.add_pod(nodes[1])];
+    for &b in &backends {
+        let ip = w.pods[b].ip;
+        tell_self_tcp(&w.pods[b].ns, ip, POD_TCP);
+        tell_self_udp(&w.pods[b].ns, ip, POD_UDP);
+    }
+    Setup {
+        w,
+        backends,
+        clients,
+    }
+}
+
+impl Setup {
+    fn backend_ips(&self) -> Vec<Ipv4Addr> {
+        self.backends.iter().map(|&b| self.w.pods[b].ip).collect()
+    }
+
+    fn endpoints(&self) -> Vec<(Ipv4Addr, String)> {
+        self.backends
+            .iter()
+            .map(|&b| {
+                (
+                    self.w.pods[b].ip,
+                    self.w.nodes[self.w.pods[b].node].name.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Applies the Service and its slice on both nodes.
+    fn apply_both(&self, svc: &str, slice: &str) {
+        for n in 0..2 {
+            apply(&self.w, n, &format!("{svc}\n---\n{slice}"));
+        }
+    }
+
+    fn slice_of(&self, name: &str, which: &[usize]) -> String {
+        let eps = self.endpoints();
+        let chosen: Vec<(Ipv4Addr, &str)> = which
+            .iter()
+            .map(|&i| (eps[i].0, eps[i].1.as_str()))
+            .collect();
+        slice(name, &chosen)
+    }
+}
+
+#[test]
+fn cluster_ip_reaches_every_backend_from_pods_and_the_node() {
+    let s = setup();
+    s.apply_both(&service("web", ""), &s.slice_of("web", &[0, 1, 2]));
+    let backends = s.backend_ips();
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    let before: Vec<_> = (0..2).map(|n| s.w.nodes[n].counters()).collect();
+    // From a pod on each node and from node 1 itself: 300 connections each
+    // spread over the three backends (33 % ± 8 %), the peer showing as the
+    // ClusterIP (getpeername).
+    let sources: Vec<&Netns> = vec![
+        &s.w.pods[s.clients[0]].ns,
+        &s.w.pods[s.clients[1]].ns,
+        &s.w.nodes[0].ns,
+    ];
+    for ns in sources {
+        let mut hits: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
+        for i in 0..300 {
+            let (backend, peer) = reach_tcp(ns, dst)
+                .unwrap_or_else(|e| panic!("connection {i} from {} to {dst}: {e}", ns.name()));
+            assert_eq!(peer, dst, "getpeername shows the Service address");
+            *hits.entry(backend).or_default() += 1;
+        }
+        assert_eq!(
+            hits.keys().copied().collect::<Vec<_>>(),
+            {
+                let mut b = backends.clone();
+                b.sort();
+                b
+            },
+            "every backend and only backends reached from {}",
+            ns.name()
+        );
+        for (b, n) in &hits {
+            assert!(
+                (75..=123).contains(n),
+                "backend {b} got {n} of 300 connections from {} (want 33 % ± 8 %): {hits:?}",
+                ns.name()
+            );
+        }
+    }
+    // UDP from an unconnected socket: the answer shows the Service address.
+    let udp = SocketAddr::from((CLUSTER_IP, SVC_UDP));
+    for &c in &s.clients {
+        let (backend, from) = reach_udp(&s.w.pods[c].ns, udp);
+        assert!(backends.contains(&backend), "UDP answered by {backend}");
+        assert_eq!(from, udp, "the UDP answer's source is the Service address");
+    }
+    // Socket-level translation: no per-packet NAT for these.
+    for (n, before) in before.iter().enumerate() {
+        let after = s.w.nodes[n].counters();
+        assert_eq!(after.since(before, Counter::FwdSvc), 0, "node {n}");
+        assert_eq!(
+            after.since(before, Counter::DropSvcNoBackend),
+            0,
+            "node {n}"
+        );
+    }
+}
+
+#[test]
+fn dns_pattern_two_queries_back_to_back_are_both_answered() {
+    let s = setup();
+    s.apply_both(&service("dns", ""), &s.slice_of("dns", &[0, 1, 2]));
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_UDP));
+    for &c in &s.clients {
+        let ns = &s.w.pods[c].ns;
+        let sock = ns
+            .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+            .expect("udp socket");
+        sock.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut b = [0u8; 4];
+        for round in 0..200 {
+            // The A + AAAA pattern: two datagrams at once from one socket.
+            sock.send_to(b"A", dst).expect("send A");
+            sock.send_to(b"AAAA", dst).expect("send AAAA");
+            for answer in 0..2 {
+                let (n, from) = sock.recv_from(&mut b).unwrap_or_else(|e| {
+                    panic!(
+                        "round {round}: answer {answer} lost from {}: {e}",
+                        ns.name()
+                    )
+                });
+                assert_eq!((n, from), (4, dst), "round {round}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_service_without_backends_rejects_at_once() {
+    let s = setup();
+    s.apply_both(&service("empty", ""), &slice("empty", &[]));
+    let ns = &s.w.pods[s.clients[0]].ns;
+    let started = Instant::now();
+    let tcp = reach_tcp(ns, SocketAddr::from((CLUSTER_IP, SVC_TCP)));
+    assert!(tcp.is_err(), "TCP to a Service without backends: {tcp:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once, not after a timeout: {:?} ({tcp:?})",
+        started.elapsed()
+    );
+    let sock = ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    let sent = sock.send_to(b"q", SocketAddr::from((CLUSTER_IP, SVC_UDP)));
+    assert!(sent.is_err(), "UDP to a Service without backends: {sent:?}");
+    // Backends arrive: the same Service answers.
+    s.apply_both(&service("empty", ""), &s.slice_of("empty", &[0]));
+    let (backend, _) = reach_tcp(ns, SocketAddr::from((CLUSTER_IP, SVC_TCP)))
+        .expect("TCP after the backend arrived");
+    assert_eq!(backend, s.backend_ips()[0]);
+}
+
+#[test]
+fn removed_backends_get_no_new_connections_and_affinity_holds() {
+    let s = setup();
+    let affinity = "  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: 60\n";
+    s.apply_both(
+        &service("sticky", affinity),
+        &s.slice_of("sticky", &[0, 1, 2]),
+    );
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    let ns = &s.w.pods[s.clients[0]].ns;
+    let (first, _) = reach_tcp(ns, dst).expect("first connection");
+    for i in 0..30 {
+        let (b, _) = reach_tcp(ns, dst).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        assert_eq!(b, first, "ClientIP affinity: connection {i}");
+    }
+    // An established connection to a backend about to be removed.
+    let ips = s.backend_ips();
+    let keep: Vec<usize> = (0..3).filter(|&i| ips[i] != first).collect();
+    let mut held = s.w.pods[s.clients[1]]
+        .ns
+        .exec(|| {
+            TcpStream::connect_timeout(&SocketAddr::from((ips[0], POD_TCP)), Duration::from_secs(3))
+        })
+        .expect("direct connection");
+    held.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    // The affinity's backend leaves: from the moment the apply returns no
+    // new connection reaches it.
+    s.apply_both(&service("sticky", affinity), &s.slice_of("sticky", &keep));
+    for i in 0..60 {
+        let (b, _) = reach_tcp(ns, dst).unwrap_or_else(|e| panic!("after removal {i}: {e}"));
+        assert_ne!(
+            b, first,
+            "connection {i} after the removal reached the removed backend"
+        );
+    }
+    let mut b = [0u8; 4];
+    held.read_exact(&mut b)
+        .expect("the established connection still reads");
+}
+
+#[test]
+fn a_backend_reaching_its_own_service_works() {
+    let s = setup();
+    s.apply_both(&service("self", ""), &s.slice_of("self", &[0]));
+    let me = s.backends[0];
+    for i in 0..20 {
+        let (b, _) = reach_tcp(&s.w.pods[me].ns, SocketAddr::from((CLUSTER_IP, SVC_TCP)))
+            .unwrap_or_else(|e| panic!("hairpin connection {i}: {e}"));
+        assert_eq!(b, s.w.pods[me].ip);
+    }
+}
+
+#[test]
+fn node_port_and_external_ip_from_outside_keep_the_client_address_with_local_policy() {
+    let mut s = setup();
+    // Two TCP ports: one answering with the backend's address, one with
+    // the client address the backend saw.
+    let svc = format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: np
+  namespace: default
+spec:
+  type: NodePort
+  clusterIP: {CLUSTER_IP}
+  externalTrafficPolicy: Local
+  externalIPs: ["203.0.113.10"]
+  ports:
+  - name: http
+    port: {SVC_TCP}
+    targetPort: http
+    nodePort: {NODE_PORT}
+  - name: peer
+    port: 9090
+    targetPort: 9090
+    nodePort: 30090
+"#
+    );
+    let node_name = s.w.nodes[0].name.clone();
+    let slice = format!(
+        r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: np-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: np
+addressType: IPv4
+ports:
+- name: http
+  port: {POD_TCP}
+- name: peer
+  port: 9090
+endpoints:
+- addresses: ["{}"]
+  nodeName: {node_name}
+"#,
+        s.backend_ips()[0]
+    );
+    // Backend 0 on node 1 only; node 2 has none of its own.
+    s.apply_both(&svc, &slice);
+    tell_peer_tcp(&s.w.pods[s.backends[0]].ns, 9090);
+    let (node1, node2) = (s.w.nodes[0].ip, s.w.nodes[1].ip);
+    let backend = s.backend_ips()[0];
+    let outside_ip = Ipv4Addr::new(192, 168, s.w.k, 254);
+    s.w.add_outside();
+    let before = s.w.nodes[0].counters();
+    let outside = s.w.outside.as_ref().expect("outside");
+    let (b, _) = reach_tcp(outside, SocketAddr::from((node1, NODE_PORT)))
+        .expect("NodePort on node 1 from outside");
+    assert_eq!(b, backend);
+    let (seen, _) = reach_tcp(outside, SocketAddr::from((node1, 30090))).expect("peer port");
+    assert_eq!(
+        seen, outside_ip,
+        "the backend sees the client's own address"
+    );
+    // An external IP routed to node 1.
+    outside.ip(&["route", "add", "203.0.113.10/32", "via", &node1.to_string()]);
+    let (b, _) = reach_tcp(outside, SocketAddr::from(([203, 0, 113, 10], SVC_TCP)))
+        .expect("external IP from outside");
+    assert_eq!(b, backend);
+    let after = s.w.nodes[0].counters();
+    assert!(
+        after.since(&before, Counter::FwdSvc) >= 3,
+        "{:?}",
+        after.changes(&before)
+    );
+    // Node 2 has no local backend: not forwarded (no answer, no refusal).
+    let before2 = s.w.nodes[1].counters();
+    let started = Instant::now();
+    let r = reach_tcp(outside, SocketAddr::from((node2, NODE_PORT)));
+    assert!(r.is_err(), "Local policy without a local backend: {r:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "dropped, not refused: {r:?} after {:?}",
+        started.elapsed()
+    );
+    let after2 = s.w.nodes[1].counters();
+    assert!(after2.since(&before2, Counter::DropSvcNoBackend) >= 1);
+}
+
+/// A TCP server answering each connection with the client address it saw.
+fn tell_peer_tcp(ns: &Netns, port: u16) {
+    let l = listen(ns, port);
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            if let Ok(SocketAddr::V4(peer)) = c.peer_addr() {
+                let _ = c.write_all(&peer.ip().octets());
+            }
+        }
+    });
+}
+
+#[test]
+fn no_iptables_or_nftables_rule_on_the_nodes() {
+    let s = setup();
+    s.apply_both(&service("web", ""), &s.slice_of("web", &[0, 1, 2]));
+    for n in 0..2 {
+        let ns = &s.w.nodes[n].ns;
+        let out = ns.output("nft", &["list", "ruleset"]);
+        assert!(out.status.success(), "nft list ruleset: {out:?}");
+        let rules = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            rules.trim().is_empty(),
+            "nftables rules on node {n}: {rules}"
+        );
+        let out = ns.output("iptables-save", &[]);
+        assert!(out.status.success(), "iptables-save: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rules: Vec<&str> = text.lines().filter(|l| l.starts_with("-A")).collect();
+        assert!(rules.is_empty(), "iptables rules on node {n}: {rules:?}");
+    }
+}
