@@ -63,16 +63,37 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Sto
 }
 
 /// [`write_atomic`] for many files at once: each written to a temporary
-/// file, fsync'ed and renamed into place, then each directory fsync'ed
-/// once (not once per file). After an error some files may be the new
-/// ones and others the old ones; none is torn.
+/// file, the filesystem synced once for all of them (`syncfs`: one journal
+/// commit instead of one per file), each renamed into place, then each
+/// directory fsync'ed once. After an error some files may be the new ones
+/// and others the old ones; none is torn.
 pub fn write_atomic_all<'a>(
     files: impl IntoIterator<Item = (&'a Path, &'a [u8])>,
 ) -> Result<(), StoreError> {
-    let mut dirs = std::collections::BTreeSet::new();
-    for (path, bytes) in files {
-        write_synced_and_rename(path, bytes, 0o600)?;
-        dirs.insert(path.parent().unwrap_or(Path::new(".")).to_owned());
+    let files: Vec<(&Path, &[u8])> = files.into_iter().collect();
+    if let [(path, bytes)] = files.as_slice() {
+        return write_atomic(path, bytes);
+    }
+    let parent = |p: &Path| p.parent().unwrap_or(Path::new(".")).to_owned();
+    let dirs: std::collections::BTreeSet<PathBuf> = files.iter().map(|(p, _)| parent(p)).collect();
+    let mut written = Vec::with_capacity(files.len());
+    for (path, bytes) in &files {
+        match write_tmp(path, bytes, 0o600, false) {
+            Ok(tmp) => written.push((tmp, *path)),
+            Err(e) => {
+                for (tmp, _) in &written {
+                    let _ = fs::remove_file(tmp);
+                }
+                return Err(e);
+            }
+        }
+    }
+    for dir in &dirs {
+        let d = File::open(dir).map_err(err("opening", dir))?;
+        nix::unistd::syncfs(&d).map_err(|e| err("syncing the filesystem of", dir)(e.into()))?;
+    }
+    for (tmp, path) in &written {
+        fs::rename(tmp, path).map_err(err("renaming into place", path))?;
     }
     dirs.iter().try_for_each(|d| sync_dir(d))
 }
@@ -95,26 +116,33 @@ pub fn remove_all_synced<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Resul
 /// Writes `bytes` to a temporary file beside `path` (mode `mode`),
 /// fsync's it and renames it over `path`; the directory is not synced.
 fn write_synced_and_rename(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
+    let tmp = write_tmp(path, bytes, mode, true)?;
+    fs::rename(&tmp, path).map_err(err("renaming into place", path))
+}
+
+/// Writes `bytes` to `.<name>.tmp` beside `path` (mode `mode`), fsync'ed
+/// when `sync`; returns the temporary file's path.
+fn write_tmp(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<PathBuf, StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(err("creating", &tmp))?;
-        f.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(err("chmod", &tmp))?;
-        f.write_all(bytes).map_err(err("writing", &tmp))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(err("creating", &tmp))?;
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(err("chmod", &tmp))?;
+    f.write_all(bytes).map_err(err("writing", &tmp))?;
+    if sync {
         f.sync_all().map_err(err("syncing", &tmp))?;
     }
-    fs::rename(&tmp, path).map_err(err("renaming into place", path))
+    Ok(tmp)
 }
 
 /// fsync's the directory `dir` (what makes a rename or unlink in it durable).
@@ -383,6 +411,61 @@ mod tests {
         write_hint(&hint, b"[4]".to_vec()).expect("shorter hint");
         let v: Vec<u32> = serde_json::from_slice(&fs::read(&hint).expect("read")).expect("parse");
         assert_eq!(v, vec![4]);
+        fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn many_files_at_once() {
+        let d = tmpdir("all");
+        create_private_dir(&d.join("a")).expect("dir");
+        create_private_dir(&d.join("b")).expect("dir");
+        let (a1, a2, b1) = (d.join("a/1.json"), d.join("a/2.json"), d.join("b/1.json"));
+        fs::write(&a1, b"old").expect("an old file");
+        write_atomic_all([
+            (a1.as_path(), b"[1]".as_slice()),
+            (a2.as_path(), b"[2]".as_slice()),
+            (b1.as_path(), b"[3]".as_slice()),
+        ])
+        .expect("write");
+        for (path, text) in [(&a1, "[1]"), (&a2, "[2]"), (&b1, "[3]")] {
+            assert_eq!(fs::read_to_string(path).expect("read"), text);
+            let mode = fs::metadata(path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        }
+        let left: Vec<_> = fs::read_dir(d.join("a"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "temporary files left: {left:?}");
+        // One file alone, then a directory that does not exist.
+        write_atomic_all([(a2.as_path(), b"[4]".as_slice())]).expect("one");
+        assert_eq!(fs::read_to_string(&a2).expect("read"), "[4]");
+        let nowhere = d.join("none/1.json");
+        assert!(
+            write_atomic_all([
+                (a1.as_path(), b"".as_slice()),
+                (nowhere.as_path(), b"".as_slice())
+            ])
+            .is_err()
+        );
+        assert_eq!(
+            fs::read_to_string(&a1).expect("read"),
+            "[1]",
+            "nothing renamed"
+        );
+        assert_eq!(
+            fs::read_dir(d.join("a")).expect("list").count(),
+            2,
+            "temporary files cleaned"
+        );
+
+        remove_all_synced([
+            a1.as_path(),
+            a2.as_path(),
+            d.join("a/missing.json").as_path(),
+        ])
+        .expect("remove");
+        assert!(!a1.exists() && !a2.exists() && b1.exists());
         fs::remove_dir_all(&d).expect("cleanup");
     }
 

@@ -5,12 +5,16 @@
 //! and committed. A document with any invalid object changes nothing; a
 //! change that changes nothing writes nothing.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use rivet_api::{ApiError, ErrorKind, ObjectResult};
 
 use super::{Agent, NodeState};
 use crate::objects::{self, DocumentError, Kind, Object, ObjectKey, ObjectSet, Outcome, Staged};
+
+fn ms_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, message)
@@ -57,10 +61,12 @@ impl Agent {
     /// created, configured or unchanged; all of them or, when one is
     /// invalid or the check refuses the change, none.
     pub async fn apply_objects(&self, document: String) -> Result<Vec<ObjectResult>, ApiError> {
+        let started = Instant::now();
         let parsed = parse_aside(move || objects::parse_document(&document)).await?;
         if parsed.is_empty() {
             return Err(bad("no objects passed to apply"));
         }
+        let parsed_ms = ms_since(started);
         let mut state = self.lock().await;
         let staged = state.objects.stage_apply(parsed);
         let results: Vec<ObjectResult> = staged.results().iter().map(result_of).collect();
@@ -68,12 +74,16 @@ impl Agent {
             count(&staged, Outcome::Created),
             count(&staged, Outcome::Configured),
         );
+        let staged_ms = ms_since(started);
         self.commit_staged(&mut state, staged)?;
         tracing::info!(
             objects = results.len(),
             created,
             configured,
             stored = state.objects.objects().len(),
+            parsed_ms,
+            staged_ms,
+            ms = ms_since(started),
             "objects applied"
         );
         Ok(results)
