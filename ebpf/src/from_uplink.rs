@@ -144,16 +144,18 @@ pub fn handle(ctx: &TcContext) -> i32 {
         let mut counter = Counter::FwdDnat;
         if matches!(answer, nat::Reply::NotOurs) && !decapped {
             counter = Counter::FwdSvc;
-            answer = nat::service_in(ctx, &hdr, cfg.uplink_ifindex);
+            answer = nat::service_in(ctx, &cfg, &hdr);
         }
         if matches!(answer, nat::Reply::NotOurs) {
             counter = Counter::FwdDnat;
             answer = nat_icmp::hostport_error_in(ctx, &hdr);
         }
+        // Replies of masqueraded flows come from the underlay; answers of
+        // Service flows sent to a backend on another node come back
+        // through the overlay (decapsulated) or routed natively.
         if matches!(answer, nat::Reply::NotOurs)
             && to_node
-            && !decapped
-            && let Some(nat) = maps::nat_config()
+            && let Some(nat) = maps::nat_ports()
         {
             counter = Counter::RevSnat;
             answer = match nat_icmp::snat_error(ctx, &cfg, &hdr) {

@@ -209,6 +209,17 @@ pub fn nat_config() -> Option<NatConfig> {
     Some(nat)
 }
 
+/// The NAT port range, masquerading on or not: Service flows to a backend
+/// on another node take their source ports from it too.
+#[inline(always)]
+pub fn nat_ports() -> Option<NatConfig> {
+    let nat = *NAT_CONFIG.get(0)?;
+    if nat.port_min == 0 || nat.port_min > nat.port_max {
+        return None;
+    }
+    Some(nat)
+}
+
 /// True if traffic to `addr` keeps the pod's source address.
 #[inline(always)]
 pub fn no_masquerade(addr: u32) -> bool {

@@ -618,7 +618,12 @@ pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Rep
     // SAFETY: as in `touch`; address and port of an entry never change.
     let (pod_ip, pod_port, ts_delta) = unsafe { ((*entry).addr, (*entry).port, (*entry).ts_delta) };
     let Some(ep) = maps::endpoint(pod_ip) else {
-        return Reply::Done(verdict::pass(ctx, Counter::PassNatNoState));
+        // Not a pod's flow: a Service flow's answer from a backend on
+        // another node, if the frontend was recorded for it.
+        return match service_answer(ctx, cfg, ip, &l4, (pod_ip, pod_port)) {
+            Some(verdict) => Reply::Done(verdict),
+            None => Reply::Done(verdict::pass(ctx, Counter::PassNatNoState)),
+        };
     };
     let ep = *ep;
     if let Err(reason) = rewrite(ctx, &l4, true, (cfg.node_ip, pod_ip), (l4.dport, pod_port)) {
@@ -632,6 +637,56 @@ pub fn reply(ctx: &TcContext, cfg: &NodeConfig, nat: &NatConfig, ip: &Ip) -> Rep
         return Reply::Done(verdict::drop(ctx, Counter::DropNatRewrite));
     }
     Reply::Deliver(ep)
+}
+
+/// A backend's answer on a Service flow sent to another node (see
+/// [`to_remote_backend`]): the destination back to the client (`client`,
+/// from the reply entry), the source to the frontend the client used (from
+/// the DNAT entry), out of the uplink toward the client (`rev_dnat`).
+/// `None`: no such flow.
+#[inline(always)]
+fn service_answer(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    ip: &Ip,
+    l4: &L4,
+    client: (u32, u16),
+) -> Option<i32> {
+    let key = NatKey::new(
+        ip.src,
+        client.0,
+        (l4.sport, client.1),
+        ip.proto,
+        nat_dir::DNAT,
+    );
+    let entry = NAT.get_ptr_mut(key)?;
+    let flags = (l4.flags & !nat_flags::FIN)
+        | (u16::from(l4.flags & nat_flags::FIN != 0) * nat_flags::FIN_POD);
+    // SAFETY: plain helper call.
+    touch(
+        entry,
+        unsafe { bpf_ktime_get_ns() },
+        flags | nat_flags::SEEN,
+    );
+    // SAFETY: as in `touch`; address and port of an entry never change.
+    let (frontend, frontend_port) = unsafe { ((*entry).addr, (*entry).port) };
+    let Some(hop) = fib::lookup(ctx, cfg.node_ip, client.0, cfg.uplink_ifindex) else {
+        return Some(verdict::drop(ctx, Counter::DropNoRoute));
+    };
+    let rewritten =
+        rewrite(ctx, l4, true, (cfg.node_ip, client.0), (l4.dport, client.1)).and_then(|()| {
+            rewrite(
+                ctx,
+                l4,
+                false,
+                (ip.src, frontend),
+                (l4.sport, frontend_port),
+            )
+        });
+    Some(match rewritten {
+        Ok(()) => verdict::transmit(ctx, &hop, Counter::RevDnat),
+        Err(reason) => verdict::drop(ctx, reason),
+    })
 }
 
 /// The node's TCP timestamp clock (ms) for masqueraded flows.
@@ -684,9 +739,10 @@ pub fn hostport_in(ctx: &TcContext, ip: &Ip, client: Client) -> Reply {
 /// chosen anew only when a SYN reuses the tuple of a flow that ended.
 /// Then as a hostPort: the reply tuple recorded, the destination rewritten,
 /// the backend (a ready local endpoint) returned for delivery; the client's
-/// address is kept. No backend → ICMP port unreachable out of `uplink`.
+/// address is kept. A backend on another node: see [`to_remote_backend`].
+/// No backend → ICMP port unreachable out of the uplink.
 #[inline(always)]
-pub fn service_in(ctx: &TcContext, ip: &Ip, uplink: u32) -> Reply {
+pub fn service_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
     if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
         return Reply::NotOurs;
     }
@@ -721,7 +777,7 @@ pub fn service_in(ctx: &TcContext, ip: &Ip, uplink: u32) -> Reply {
             ) {
                 Lookup::None => return Reply::NotOurs,
                 Lookup::Reject => {
-                    return Reply::Done(icmp::port_unreachable(ctx, uplink, ip.dst));
+                    return Reply::Done(icmp::port_unreachable(ctx, cfg.uplink_ifindex, ip.dst));
                 }
                 Lookup::NoLocal => {
                     return Reply::Done(verdict::drop(ctx, Counter::DropSvcNoBackend));
@@ -763,10 +819,66 @@ pub fn service_in(ctx: &TcContext, ip: &Ip, uplink: u32) -> Reply {
         }
     };
     let Some(ep) = maps::endpoint(addr) else {
-        return Reply::Done(verdict::drop(ctx, Counter::DropSvcBackendUnreachable));
+        return Reply::Done(to_remote_backend(ctx, cfg, ip, &l4, (addr, port)));
     };
     let ep = *ep;
     dnat(ctx, ip, &l4, (addr, port), ep, None)
+}
+
+/// A Service flow at the uplink whose backend is a pod on another node
+/// (`externalTrafficPolicy: Cluster`): the reply tuple recorded as for a
+/// local backend (so the answer gets the frontend back as its source), the
+/// destination rewritten to the backend, then the source to the node
+/// address and a port of the NAT range — as a pod's masqueraded flow, same
+/// entries — so the answer comes back here; the packet goes through the
+/// overlay like the node's own traffic to that pod (`fwd_encap_*` /
+/// `fwd_native`). The answer is restored by [`reply`].
+#[inline(always)]
+fn to_remote_backend(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, l4: &L4, to: (u32, u16)) -> i32 {
+    let (Some(route), Some(nat)) = (maps::remote_route(to.0), maps::nat_ports()) else {
+        return verdict::drop(ctx, Counter::DropSvcBackendUnreachable);
+    };
+    let key = NatKey::new(ip.src, to.0, (l4.sport, to.1), ip.proto, nat_dir::EGRESS);
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match NAT.get_ptr_mut(key) {
+        Some(entry) => {
+            if l4.flags & nat_flags::SYN != 0 {
+                reopen(entry, &key, cfg.node_ip, now, 0);
+            }
+            touch(entry, now, l4.flags);
+            // SAFETY: as in `touch`; the port of an entry never changes.
+            unsafe { (*entry).port }
+        }
+        None => match allocate(&key, cfg.node_ip, &nat, now, (l4.flags, 0)) {
+            Ok(port) => port,
+            Err(reason) => return verdict::drop(ctx, reason),
+        },
+    };
+    let dnat_key = NatKey::new(to.0, ip.src, (to.1, l4.sport), ip.proto, nat_dir::DNAT);
+    let entry = NatEntry {
+        addr: ip.dst,
+        port: l4.dport,
+        flags: l4.flags,
+        last_seen: now,
+        ts_delta: 0,
+        _pad: 0,
+    };
+    match NAT.get_ptr_mut(dnat_key) {
+        Some(e) => touch(e, now, l4.flags),
+        None => {
+            if NAT.insert(dnat_key, entry, u64::from(BPF_ANY)).is_err() {
+                return verdict::drop(ctx, Counter::DropNatInsertFailed);
+            }
+            maps::nat_created(1);
+        }
+    }
+    let rewritten = rewrite(ctx, l4, true, (ip.dst, to.0), (l4.dport, to.1))
+        .and_then(|()| rewrite(ctx, l4, false, (ip.src, cfg.node_ip), (l4.sport, port)));
+    if let Err(reason) = rewritten {
+        return verdict::drop(ctx, reason);
+    }
+    crate::remote::forward(ctx, cfg, &route, crate::remote::Sender::Host)
 }
 
 /// Records the reply tuple of a connection to `to` (a hostPort's pod or a

@@ -515,3 +515,66 @@ fn no_iptables_or_nftables_rule_on_the_nodes() {
         assert!(rules.is_empty(), "iptables rules on node {n}: {rules:?}");
     }
 }
+
+#[test]
+fn node_port_with_cluster_policy_reaches_a_backend_on_the_other_node() {
+    let mut s = setup();
+    let svc = format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: cl
+  namespace: default
+spec:
+  type: NodePort
+  clusterIP: {CLUSTER_IP}
+  ports:
+  - name: http
+    port: {SVC_TCP}
+    targetPort: http
+    nodePort: {NODE_PORT}
+  - name: dns
+    port: {SVC_UDP}
+    targetPort: {POD_UDP}
+    nodePort: {NODE_PORT}
+    protocol: UDP
+"#
+    );
+    // Only backend 2, on node 2.
+    s.apply_both(&svc, &s.slice_of("cl", &[2]));
+    let backend = s.backend_ips()[2];
+    let (node1, node2) = (s.w.nodes[0].ip, s.w.nodes[1].ip);
+    s.w.add_outside();
+    let before: Vec<_> = (0..2).map(|n| s.w.nodes[n].counters()).collect();
+    let outside = s.w.outside.as_ref().expect("outside");
+    // Through node 1 (no local backend: SNAT to node 1, through the
+    // overlay) and through node 2 (local backend) — TCP and UDP; the
+    // answers come from the address the client used.
+    for node in [node1, node2] {
+        for i in 0..20 {
+            let dst = SocketAddr::from((node, NODE_PORT));
+            let (b, peer) = reach_tcp(outside, dst)
+                .unwrap_or_else(|e| panic!("NodePort {dst} connection {i}: {e}"));
+            assert_eq!((b, peer), (backend, dst));
+        }
+        let dst = SocketAddr::from((node, NODE_PORT));
+        let (b, from) = reach_udp(outside, dst);
+        assert_eq!((b, from), (backend, dst), "UDP NodePort via {node}");
+    }
+    let after: Vec<_> = (0..2).map(|n| s.w.nodes[n].counters()).collect();
+    assert!(
+        after[0].since(&before[0], Counter::FwdEncapVxlan) >= 20,
+        "node 1 sent the flows through the overlay: {:?}",
+        after[0].changes(&before[0])
+    );
+    assert!(
+        after[0].since(&before[0], Counter::RevDnat) >= 20,
+        "node 1 restored the answers: {:?}",
+        after[0].changes(&before[0])
+    );
+    assert!(after[1].since(&before[1], Counter::FwdSvc) >= 21);
+    for (n, b) in before.iter().enumerate() {
+        assert_eq!(after[n].since(b, Counter::DropSvcBackendUnreachable), 0);
+        assert_eq!(after[n].since(b, Counter::DropSvcNoBackend), 0);
+    }
+}
