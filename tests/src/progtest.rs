@@ -209,6 +209,12 @@ impl Harness {
             .expect("endpoint slot");
     }
 
+    /// `p` as the agent writes a pod whose entry carries `flags`
+    /// ([`endpoint_flags`]: e.g. `READY | SERVICE` for a Service backend).
+    pub fn put_endpoint_flags(&mut self, p: PodSide, flags: u32) {
+        self.write_endpoint(p, flags);
+    }
+
     fn write_endpoint(&mut self, p: PodSide, flags: u32) {
         let info = endpoint_info(p, flags);
         let mut eps: HashMap<&mut MapData, EndpointKey, EndpointInfo> =
