@@ -313,8 +313,10 @@ fn new_uid() -> String {
     )
 }
 
-/// Every object under `dir`, and the files skipped with the reason.
+/// Every object under `dir`, and the files (or directories that cannot
+/// be listed) skipped, with the reason.
 fn load(dir: &Path) -> Result<(ObjectSet, Vec<(PathBuf, String)>), StoreError> {
+    list(dir)?;
     let mut set = ObjectSet::new();
     let mut skipped = Vec::new();
     for kind in Kind::ALL {
@@ -322,17 +324,30 @@ fn load(dir: &Path) -> Result<(ObjectSet, Vec<(PathBuf, String)>), StoreError> {
         if !kind_dir.is_dir() {
             continue;
         }
-        if kind.namespaced() {
-            for ns_dir in list(&kind_dir)? {
-                if ns_dir.is_dir() {
-                    let namespace = file_name(&ns_dir);
-                    load_dir(&ns_dir, kind, &namespace, &mut set, &mut skipped)?;
-                } else {
-                    skipped.push((ns_dir, "not a namespace directory".to_owned()));
+        let dirs = if kind.namespaced() {
+            match list(&kind_dir) {
+                Ok(namespaces) => namespaces,
+                Err(e) => {
+                    skipped.push((kind_dir, e.to_string()));
+                    continue;
                 }
             }
         } else {
-            load_dir(&kind_dir, kind, "", &mut set, &mut skipped)?;
+            vec![kind_dir]
+        };
+        for d in dirs {
+            if !d.is_dir() {
+                skipped.push((d, "not a namespace directory".to_owned()));
+                continue;
+            }
+            let namespace = if kind.namespaced() {
+                file_name(&d)
+            } else {
+                String::new()
+            };
+            if let Err(e) = load_dir(&d, kind, &namespace, &mut set, &mut skipped) {
+                skipped.push((d, e.to_string()));
+            }
         }
     }
     Ok((set, skipped))
