@@ -463,7 +463,9 @@ fn endpoint_slice(slice: &mut EndpointSlice, p: &mut Problems) {
             format!("label {SERVICE_NAME_LABEL:?} is required: it names the slice's Service"),
         ),
         Some(name) => {
-            if let Err(m) = label_value(name).and_then(|()| dns1035_label(name)) {
+            // Any label value, as Kubernetes takes it (a slice naming no
+            // Service serves nothing).
+            if let Err(m) = label_value(name) {
                 p.add(
                     "metadata.labels",
                     format!("label {SERVICE_NAME_LABEL:?}: {}", invalid(name, &m)),
@@ -969,12 +971,12 @@ mod tests {
             "\"kubernetes.io/service-name\" is required",
         );
         let mut bad_label = slice(json!({}));
-        bad_label["metadata"]["labels"][SERVICE_NAME_LABEL] = "Web".into();
+        bad_label["metadata"]["labels"][SERVICE_NAME_LABEL] = "web!".into();
         refused(
             bad_label,
             "EndpointSlice default/web-1",
             "metadata.labels",
-            "invalid value \"Web\"",
+            "invalid value \"web!\": must be a label value",
         );
         slice_refused(
             json!({"endpoints": [{"addresses": []}]}),
