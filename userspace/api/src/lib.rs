@@ -185,6 +185,155 @@ pub enum Request {
         #[serde(default)]
         name: Option<String>,
     },
+    /// The Services this node serves, one entry per Service port, with
+    /// their frontends, backends and counters ([`Response::Services`]).
+    Services {},
+}
+
+/// The Services a node serves ([`Request::Services`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceList {
+    /// One entry per Service port, by namespace, name and port name.
+    pub services: Vec<ServicePortStatus>,
+    /// The counters of every Service port, summed.
+    pub totals: ServiceCounters,
+    /// Entries in `SVC_FRONTENDS` (frontends and the markers of addresses
+    /// holding external frontends).
+    pub frontend_entries: u64,
+    /// Capacity of `SVC_FRONTENDS` (`max_services`).
+    pub frontend_capacity: u64,
+    /// Entries in `SVC_BACKENDS` (every backend group's slots).
+    pub backend_entries: u64,
+    /// Capacity of `SVC_BACKENDS` (`max_service_backends`).
+    pub backend_capacity: u64,
+}
+
+/// One port of one Service as the datapath holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicePortStatus {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub name: String,
+    /// The port's name (empty for a Service's only, unnamed port).
+    pub port_name: String,
+    /// Its protocol (`tcp`, `udp`, `sctp`).
+    pub protocol: Protocol,
+    /// The Service port (`spec.ports[].port`), when it has a frontend that
+    /// is not a NodePort (a ClusterIP, external or load-balancer IP).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Its slot in the counters map (`SVC_STATS`).
+    #[serde(default)]
+    pub id: Option<u32>,
+    /// Every frontend, by kind, address, port and scope.
+    pub frontends: Vec<ServiceFrontend>,
+    /// Its backends in the slots of its group (the group of every backend;
+    /// with only a `Local` group, that one).
+    pub backends: Vec<ServiceBackend>,
+    /// ClientIP affinity timeout in seconds, when `sessionAffinity` is
+    /// `ClientIP`.
+    #[serde(default)]
+    pub affinity_timeout: Option<u32>,
+    /// `externalTrafficPolicy: Local`: clients from outside get this node's
+    /// backends only.
+    pub external_local: bool,
+    /// `internalTrafficPolicy: Local`: the ClusterIP gives this node's
+    /// backends only.
+    pub internal_local: bool,
+    /// What the datapath counted for it.
+    pub counters: ServiceCounters,
+}
+
+/// What kind of address a Service frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ServiceFrontendKind {
+    /// A `clusterIPs` entry.
+    #[serde(rename = "ClusterIP")]
+    ClusterIp,
+    /// The `nodePort`, on every node address.
+    NodePort,
+    /// An `externalIPs` entry.
+    #[serde(rename = "ExternalIP")]
+    ExternalIp,
+    /// A `status.loadBalancer.ingress` IP.
+    LoadBalancer,
+}
+
+impl std::fmt::Display for ServiceFrontendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::ClusterIp => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::ExternalIp => "ExternalIP",
+            Self::LoadBalancer => "LoadBalancer",
+        })
+    }
+}
+
+/// Who reaches a Service frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceScope {
+    /// Pods' and the node's own sockets (translated at the socket).
+    Internal,
+    /// Packets arriving at the uplink (translated per flow).
+    External,
+}
+
+/// One frontend of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceFrontend {
+    /// Its kind.
+    pub kind: ServiceFrontendKind,
+    /// Its address; 0.0.0.0 for a NodePort (every node address).
+    pub address: Ipv4Addr,
+    /// Its port (the nodePort for a NodePort).
+    pub port: u16,
+    /// Who reaches it.
+    pub scope: ServiceScope,
+    /// Backends it chooses from (0: it rejects, or with a `Local` policy
+    /// drops).
+    pub backends: u32,
+}
+
+/// One backend of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceBackend {
+    /// Its address.
+    pub address: Ipv4Addr,
+    /// Its port.
+    pub port: u16,
+    /// It is on this node.
+    pub local: bool,
+}
+
+/// What the datapath counted for a Service port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCounters {
+    /// Sockets translated: connects, and unconnected datagrams, of pods
+    /// and of the node.
+    pub sockets: u64,
+    /// Flows translated at the uplink (NodePorts, external and
+    /// load-balancer IPs reached from outside).
+    pub flows: u64,
+    /// Attempts refused or dropped because the frontend had no backend.
+    pub rejected: u64,
+    /// Choices that sent a client to the backend it had (ClientIP affinity).
+    pub affinity_hits: u64,
+}
+
+impl ServiceCounters {
+    /// Both summed.
+    #[must_use]
+    pub const fn plus(self, other: Self) -> Self {
+        Self {
+            sockets: self.sockets.saturating_add(other.sockets),
+            flows: self.flows.saturating_add(other.flows),
+            rejected: self.rejected.saturating_add(other.rejected),
+            affinity_hits: self.affinity_hits.saturating_add(other.affinity_hits),
+        }
+    }
 }
 
 /// What an [`Request::Apply`] or [`Request::Delete`] did to one object.
@@ -918,6 +1067,8 @@ pub enum Response {
         /// By namespace and name.
         items: Vec<serde_json::Value>,
     },
+    /// The Services the node serves.
+    Services(ServiceList),
     /// The request failed.
     Error(ApiError),
 }
@@ -1311,6 +1462,85 @@ mod tests {
         let old: Response =
             serde_json::from_str(r#"{"result":"nat","entries":[],"total":3}"#).expect("old answer");
         assert!(matches!(old, Response::Nat { next: None, .. }), "{old:?}");
+    }
+
+    #[test]
+    fn service_listings_round_trip() {
+        let req: Request = serde_json::from_str(r#"{"op":"services"}"#).expect("services");
+        assert_eq!(req, Request::Services {});
+        let list = ServiceList {
+            services: vec![ServicePortStatus {
+                namespace: "default".into(),
+                name: "web".into(),
+                port_name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: Some(80),
+                id: Some(0),
+                frontends: vec![ServiceFrontend {
+                    kind: ServiceFrontendKind::ClusterIp,
+                    address: Ipv4Addr::new(10, 96, 0, 10),
+                    port: 80,
+                    scope: ServiceScope::Internal,
+                    backends: 1,
+                }],
+                backends: vec![ServiceBackend {
+                    address: Ipv4Addr::new(10, 244, 1, 2),
+                    port: 8080,
+                    local: true,
+                }],
+                affinity_timeout: None,
+                external_local: false,
+                internal_local: false,
+                counters: ServiceCounters {
+                    sockets: 3,
+                    ..ServiceCounters::default()
+                },
+            }],
+            totals: ServiceCounters {
+                sockets: 3,
+                ..ServiceCounters::default()
+            },
+            frontend_entries: 1,
+            frontend_capacity: 65_536,
+            backend_entries: 1,
+            backend_capacity: 262_144,
+        };
+        let answer = Response::Services(list);
+        let text = serde_json::to_string(&answer).expect("serialize");
+        assert!(
+            text.starts_with(r#"{"result":"services","services":[{"namespace":"default""#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#""kind":"ClusterIP","address":"10.96.0.10","port":80,"scope":"internal""#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#""protocol":"tcp""#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<Response>(&text).expect("parse"),
+            answer
+        );
+        let a = ServiceCounters {
+            sockets: u64::MAX,
+            flows: 1,
+            rejected: 2,
+            affinity_hits: 3,
+        };
+        assert_eq!(
+            a.plus(a),
+            ServiceCounters {
+                sockets: u64::MAX,
+                flows: 2,
+                rejected: 4,
+                affinity_hits: 6
+            }
+        );
+        assert_eq!(
+            ServiceFrontendKind::LoadBalancer.to_string(),
+            "LoadBalancer"
+        );
     }
 
     #[test]

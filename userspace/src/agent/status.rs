@@ -115,6 +115,8 @@ struct Records {
     endpoints: usize,
     pool: PoolStatus,
     nodes: usize,
+    /// Entries in SVC_FRONTENDS and SVC_BACKENDS.
+    services: (usize, usize),
 }
 
 impl Records {
@@ -123,6 +125,7 @@ impl Records {
             endpoints: state.endpoints.len(),
             pool: state.endpoints.pool(),
             nodes: state.cluster.len(),
+            services: state.services.fill(),
         }
     }
 
@@ -135,6 +138,8 @@ impl Records {
             match m.name.as_str() {
                 map_names::ENDPOINTS => m.entries = self.endpoints as u64,
                 map_names::HOSTPORTS | map_names::NAT => {}
+                map_names::SVC_FRONTENDS => m.entries = self.services.0 as u64,
+                map_names::SVC_BACKENDS => m.entries = self.services.1 as u64,
                 _ => m.entries = self.nodes as u64,
             }
         }

@@ -71,6 +71,7 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
             namespace,
             name,
         } => return get(agent, &kind, namespace.as_deref(), name.as_deref()).await,
+        Request::Services {} => return Ok(Response::Services(services(agent).await?)),
         _ => {}
     }
     let state = agent.lock().await;
@@ -104,7 +105,8 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         | Request::Monitor { .. }
         | Request::Apply { .. }
         | Request::Delete { .. }
-        | Request::Get { .. } => Err(ApiError::new(
+        | Request::Get { .. }
+        | Request::Services {} => Err(ApiError::new(
             ErrorKind::Internal,
             "request answered without the lock",
         )),
@@ -220,6 +222,194 @@ async fn delete(
     let results = agent.delete_objects(document, ignore_not_found).await?;
     agent.note_change();
     Ok(Response::Applied { results })
+}
+
+/// The Services this node serves (`rivetctl services`, `/metrics`): what
+/// the Service maps hold, copied with the node state locked; their
+/// counters read afterwards from the pinned `SVC_STATS`.
+pub(super) async fn services(agent: &Agent) -> Result<rivet_api::ServiceList, ApiError> {
+    let (mut list, ids) = {
+        let state = agent.lock().await;
+        service_ports(&state)
+    };
+    mark_local_pods(agent, &mut list)?;
+    let published = agent.published();
+    let capacity = |name: &str, configured: u32| {
+        published
+            .status
+            .maps
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(u64::from(configured), |m| m.capacity)
+    };
+    let limits = &agent.config().limits;
+    list.frontend_capacity = capacity(map_names::SVC_FRONTENDS, limits.services);
+    list.backend_capacity = capacity(map_names::SVC_BACKENDS, limits.service_backends);
+    if ids.iter().any(Option::is_some) {
+        let pin = PinLayout::new(&agent.config().pin_dir).map(map_names::SVC_STATS);
+        let err = |e: aya::maps::MapError| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("map {}: {e}", map_names::SVC_STATS),
+            )
+        };
+        let data = aya::maps::MapData::from_pin(&pin).map_err(err)?;
+        let stats: aya::maps::Array<_, rivet_common::SvcCounters> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).map_err(err)?;
+        for (port, id) in list.services.iter_mut().zip(ids) {
+            let Some(id) = id else { continue };
+            let c = stats.get(&id, 0).map_err(err)?;
+            port.counters = rivet_api::ServiceCounters {
+                sockets: c.sockets,
+                flows: c.flows,
+                rejected: c.rejected,
+                affinity_hits: c.affinity_hits,
+            };
+            list.totals = list.totals.plus(port.counters);
+        }
+    }
+    Ok(list)
+}
+
+/// Marks the backends that are pods of this node (in the pinned
+/// `ENDPOINTS`) local.
+fn mark_local_pods(agent: &Agent, list: &mut rivet_api::ServiceList) -> Result<(), ApiError> {
+    let mut others = list
+        .services
+        .iter_mut()
+        .flat_map(|p| p.backends.iter_mut())
+        .filter(|b| !b.local)
+        .peekable();
+    if others.peek().is_none() {
+        return Ok(());
+    }
+    let pin = PinLayout::new(&agent.config().pin_dir).map(map_names::ENDPOINTS);
+    let err = |e: aya::maps::MapError| {
+        ApiError::new(
+            ErrorKind::Internal,
+            format!("map {}: {e}", map_names::ENDPOINTS),
+        )
+    };
+    let data = aya::maps::MapData::from_pin(&pin).map_err(err)?;
+    let pods: aya::maps::HashMap<_, rivet_common::EndpointKey, rivet_common::EndpointInfo> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(err)?;
+    for b in others {
+        let key = rivet_common::EndpointKey {
+            addr: rivet_common::ipv4_key(b.address.octets()),
+        };
+        match pods.get(&key, 0) {
+            Ok(_) => b.local = true,
+            Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Every Service port of the plan last synced, with its frontends and
+/// backends as written (counters zero), and its counter slot. A backend
+/// is marked local here when it is in the port's `Local` group or
+/// reachable at the uplink from this node ([`mark_local_pods`] adds the
+/// node's other pods).
+fn service_ports(state: &NodeState) -> (rivet_api::ServiceList, Vec<Option<u32>>) {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use crate::services::{FrontendKind, GroupKey, plan::Scope};
+    let services = &state.services;
+    let plan = services.current();
+    let backends_of = |gk: &GroupKey| {
+        services.group(gk).map_or_else(
+            || plan.groups.get(gk).cloned().unwrap_or_default(),
+            <[_]>::to_vec,
+        )
+    };
+    let local = &plan.uplink_backends;
+    let mut ports: BTreeMap<_, rivet_api::ServicePortStatus> = BTreeMap::new();
+    for (fk, fe) in &plan.frontends {
+        let pr = &fe.group.port;
+        let entry = ports
+            .entry(pr.clone())
+            .or_insert_with(|| rivet_api::ServicePortStatus {
+                namespace: pr.namespace.clone(),
+                name: pr.name.clone(),
+                port_name: pr.port_name.clone(),
+                protocol: Protocol::from_number(pr.proto.number()),
+                port: None,
+                id: services.id(pr),
+                frontends: Vec::new(),
+                backends: Vec::new(),
+                affinity_timeout: None,
+                external_local: false,
+                internal_local: false,
+                counters: rivet_api::ServiceCounters::default(),
+            });
+        let kind = match fe.kind {
+            FrontendKind::ClusterIp => rivet_api::ServiceFrontendKind::ClusterIp,
+            FrontendKind::NodePort => rivet_api::ServiceFrontendKind::NodePort,
+            FrontendKind::ExternalIp => rivet_api::ServiceFrontendKind::ExternalIp,
+            FrontendKind::LoadBalancer => rivet_api::ServiceFrontendKind::LoadBalancer,
+        };
+        let scope = match fk.scope {
+            Scope::Internal => rivet_api::ServiceScope::Internal,
+            Scope::External => rivet_api::ServiceScope::External,
+        };
+        if fe.kind != FrontendKind::NodePort {
+            entry.port = Some(fk.port);
+        }
+        entry.affinity_timeout = entry.affinity_timeout.or(fe.affinity);
+        if fe.group.local_only {
+            match scope {
+                rivet_api::ServiceScope::External => entry.external_local = true,
+                rivet_api::ServiceScope::Internal => entry.internal_local = true,
+            }
+        }
+        let count = services.group(&fe.group).map_or(0, <[_]>::len);
+        entry.frontends.push(rivet_api::ServiceFrontend {
+            kind,
+            address: fk.addr,
+            port: fk.port,
+            scope,
+            backends: u32::try_from(count).unwrap_or(u32::MAX),
+        });
+    }
+    for (pr, entry) in &mut ports {
+        let all = GroupKey {
+            port: pr.clone(),
+            local_only: false,
+        };
+        let mine = GroupKey {
+            port: pr.clone(),
+            local_only: true,
+        };
+        let local_group: BTreeSet<_> = backends_of(&mine).into_iter().collect();
+        let slots = if plan.groups.contains_key(&all) {
+            backends_of(&all)
+        } else {
+            backends_of(&mine)
+        };
+        entry.backends = slots
+            .into_iter()
+            .map(|b| rivet_api::ServiceBackend {
+                address: b.addr,
+                port: b.port,
+                local: local_group.contains(&b) || local.contains(&b.addr),
+            })
+            .collect();
+        entry
+            .frontends
+            .sort_by_key(|f| (f.kind, f.address, f.port, f.scope));
+    }
+    let ids = ports.values().map(|p| p.id).collect();
+    let (frontend_entries, backend_entries) = services.fill();
+    let list = rivet_api::ServiceList {
+        services: ports.into_values().collect(),
+        totals: rivet_api::ServiceCounters::default(),
+        frontend_entries: frontend_entries as u64,
+        frontend_capacity: 0,
+        backend_entries: backend_entries as u64,
+        backend_capacity: 0,
+    };
+    (list, ids)
 }
 
 async fn get(

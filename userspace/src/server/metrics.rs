@@ -4,7 +4,11 @@
 //!
 //! - `GET /metrics`: OpenMetrics text. Datapath counters per reason and path,
 //!   map fill levels, endpoints, IPAM pool, cluster state, API request latency
-//!   by CNI verb — see [`encode`].
+//!   by CNI verb, and per Service port (labels `namespace`, `service`, `port`:
+//!   the port's name, or its number when unnamed) the counters
+//!   `rivet_service_{sockets,flows,rejected,affinity_hits}_total` with the
+//!   Service maps' fill `rivet_service_{frontends,backends}[_capacity]` — see
+//!   [`encode`].
 //! - `GET /healthz`: 200 while the agent serves.
 //! - `GET /readyz`: 200 when the datapath is attached and, in cluster mode, the
 //!   store is synced; 503 with the reason otherwise.
@@ -50,6 +54,106 @@ pub struct Snapshot {
     pub status: AgentStatus,
     /// Readiness.
     pub ready: bool,
+    /// The Services with their counters (`None`: they could not be read;
+    /// their metrics are left out).
+    pub services: Option<rivet_api::ServiceList>,
+}
+
+/// The per-Service-port counters: (metric, help, value).
+type ServiceCounterMetric = (
+    &'static str,
+    &'static str,
+    fn(&rivet_api::ServiceCounters) -> u64,
+);
+
+/// Counters of each Service port, labelled `namespace`, `service`, `port`.
+const SERVICE_COUNTERS: [ServiceCounterMetric; 4] = [
+    (
+        "rivet_service_sockets",
+        "Sockets of pods and of the node translated to a backend of the Service port (connects, unconnected datagrams)",
+        |c| c.sockets,
+    ),
+    (
+        "rivet_service_flows",
+        "Flows from outside translated at the uplink to a backend of the Service port (NodePort, external and load-balancer IPs)",
+        |c| c.flows,
+    ),
+    (
+        "rivet_service_rejected",
+        "Connections and datagrams to the Service port refused or dropped because it had no backend",
+        |c| c.rejected,
+    ),
+    (
+        "rivet_service_affinity_hits",
+        "Clients of the Service port sent to the backend they had (ClientIP affinity)",
+        |c| c.affinity_hits,
+    ),
+];
+
+/// Fill of the Service maps: (metric, help, value).
+type ServiceFillMetric = (
+    &'static str,
+    &'static str,
+    fn(&rivet_api::ServiceList) -> u64,
+);
+
+const SERVICE_FILL: [ServiceFillMetric; 4] = [
+    (
+        "rivet_service_frontends",
+        "Entries in SVC_FRONTENDS (frontends of every Service port and scope, plus one per address holding external frontends)",
+        |l| l.frontend_entries,
+    ),
+    (
+        "rivet_service_frontends_capacity",
+        "Capacity of SVC_FRONTENDS (max_services)",
+        |l| l.frontend_capacity,
+    ),
+    (
+        "rivet_service_backends",
+        "Entries in SVC_BACKENDS (the slots of every backend group)",
+        |l| l.backend_entries,
+    ),
+    (
+        "rivet_service_backends_capacity",
+        "Capacity of SVC_BACKENDS (max_service_backends)",
+        |l| l.backend_capacity,
+    ),
+];
+
+impl Snapshot {
+    /// The Service metrics ([`SERVICE_COUNTERS`], [`SERVICE_FILL`]).
+    fn encode_services(
+        list: &rivet_api::ServiceList,
+        encoder: &mut DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType;
+        for (name, help, pick) in SERVICE_COUNTERS {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for p in &list.services {
+                // An unnamed port (a Service's only one) by its number.
+                let port = match (p.port_name.as_str(), p.port) {
+                    ("", Some(n)) => n.to_string(),
+                    (name, _) => name.to_owned(),
+                };
+                let labels = [
+                    ("namespace", p.namespace.as_str()),
+                    ("service", p.name.as_str()),
+                    ("port", port.as_str()),
+                ];
+                ConstCounter::new(pick(&p.counters)).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+        for (name, help, pick) in SERVICE_FILL {
+            let v = i64::try_from(pick(list)).unwrap_or(i64::MAX);
+            ConstGauge::new(v).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                MetricType::Gauge,
+            )?)?;
+        }
+        Ok(())
+    }
 }
 
 /// How a counter shows: the metric of its family ([`rivet_common::Counter::family`],
@@ -225,6 +329,9 @@ impl Collector for Snapshot {
             "Seconds since the agent started",
             s.uptime_secs as i64,
         )?;
+        if let Some(list) = &self.services {
+            Self::encode_services(list, &mut encoder)?;
+        }
         Ok(())
     }
 }
@@ -248,14 +355,23 @@ pub fn readiness(agent: &Agent) -> Result<(), String> {
     agent.readiness()
 }
 
-/// Everything one metrics scrape reports.
-pub fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
+/// Everything one metrics scrape reports (the node state is locked only
+/// to copy what the Service maps hold).
+pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
     let status = agent.status();
     let counters = agent.counters().map_err(|e| e.to_string())?;
+    let services = match super::dispatch::services(agent).await {
+        Ok(list) => Some(list),
+        Err(e) => {
+            tracing::warn!(error = %e, "Service metrics left out of a scrape");
+            None
+        }
+    };
     Ok(Snapshot {
         ready: status.ready,
         counters,
         status,
+        services,
     })
 }
 
@@ -271,7 +387,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 async fn route(agent: &Arc<Agent>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     match req.uri().path() {
-        "/metrics" => match snapshot(agent) {
+        "/metrics" => match snapshot(agent).await {
             Ok(snapshot) => match encode(snapshot, agent.request_metrics()) {
                 Ok(text) => reply(
                     StatusCode::OK,

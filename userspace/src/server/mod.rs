@@ -279,5 +279,6 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::Apply { .. } => "apply",
         Request::Delete { .. } => "delete",
         Request::Get { .. } => "get",
+        Request::Services {} => "services",
     }
 }

@@ -162,6 +162,13 @@ pub enum Command {
         #[arg(short = 'A', long)]
         all_namespaces: bool,
     },
+    /// The Services this node serves, one line per Service port: its
+    /// frontends, backends and what the datapath counted (sockets
+    /// translated, flows translated at the uplink, rejected); `-o json`
+    /// adds each frontend's scope and backend count, each backend, the
+    /// policies, affinity hits and the Service maps' fill.
+    #[command(alias = "svc")]
+    Services,
     /// Print the rivetctl version (and the agent's, if it answers).
     Version,
     /// Install this node as a service: rivetd and rivetctl, rivet-cni and

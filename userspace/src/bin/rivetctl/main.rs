@@ -135,6 +135,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
             name: name.clone(),
         },
         Command::Status => Request::Status {},
+        Command::Services => Request::Services {},
         Command::Endpoints => Request::EndpointList {},
         Command::Routes => Request::NodeList {},
         Command::Nat {

@@ -193,8 +193,94 @@ pub fn print_table(response: &Response, show_all: bool) {
             }
         }
         Response::Objects { items } => print_objects(items),
+        Response::Services(list) => print_services(list),
         Response::Error(e) => println!("error: {e}"),
     }
+}
+
+/// The Services, one line per Service port (kubectl-like columns), then
+/// the totals and the Service maps' fill.
+fn print_services(list: &rivet_api::ServiceList) {
+    use rivet_api::ServiceFrontendKind;
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "NAMESPACE",
+            "NAME",
+            "PORT",
+            "FRONTENDS",
+            "BACKENDS",
+            "SOCKETS",
+            "FLOWS",
+            "REJECTED",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for p in &list.services {
+        let proto = p.protocol.to_string().to_uppercase();
+        let port = match (p.port_name.as_str(), p.port) {
+            ("", Some(n)) => format!("{n}/{proto}"),
+            ("", None) => proto,
+            (name, Some(n)) => format!("{name}:{n}/{proto}"),
+            (name, None) => format!("{name}/{proto}"),
+        };
+        // Each address once (its internal and external scopes are one
+        // frontend to a person); a NodePort on every node address.
+        let mut frontends: Vec<String> = Vec::new();
+        for f in &p.frontends {
+            let text = match f.kind {
+                ServiceFrontendKind::NodePort => format!("*:{}", f.port),
+                _ => format!("{}:{}", f.address, f.port),
+            };
+            if !frontends.contains(&text) {
+                frontends.push(text);
+            }
+        }
+        let frontends = match frontends.len() {
+            0 => "<none>".to_owned(),
+            n if n <= 3 => frontends.join(","),
+            n => format!("{} + {} more...", frontends[..3].join(","), n - 3),
+        };
+        // As kubectl shows endpoints: three, and how many more.
+        let backends: Vec<String> = p
+            .backends
+            .iter()
+            .map(|b| format!("{}:{}", b.address, b.port))
+            .collect();
+        let backends = match backends.len() {
+            0 => "<none>".to_owned(),
+            n if n <= 3 => backends.join(","),
+            n => format!("{} + {} more...", backends[..3].join(","), n - 3),
+        };
+        rows.push(vec![
+            p.namespace.clone(),
+            p.name.clone(),
+            port,
+            frontends,
+            backends,
+            p.counters.sockets.to_string(),
+            p.counters.flows.to_string(),
+            p.counters.rejected.to_string(),
+        ]);
+    }
+    if list.services.is_empty() {
+        eprintln!("No Services served.");
+    } else {
+        print_columns(&rows);
+    }
+    let t = list.totals;
+    println!(
+        "{} Service port(s)  sockets {}  flows {}  rejected {}  affinity hits {}",
+        list.services.len(),
+        t.sockets,
+        t.flows,
+        t.rejected,
+        t.affinity_hits
+    );
+    println!(
+        "SVC_FRONTENDS {} of {} entries  SVC_BACKENDS {} of {} entries",
+        list.frontend_entries, list.frontend_capacity, list.backend_entries, list.backend_capacity
+    );
 }
 
 /// hostPort mappings, one a line.
