@@ -165,6 +165,8 @@ pub struct Agent {
     requests: RequestMetrics,
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
     events: Arc<crate::events::Events>,
+    /// The healthCheckNodePorts to serve (`services.rs`).
+    health: services::HealthPorts,
     _lock: PinLock,
 }
 
@@ -328,6 +330,7 @@ impl Agent {
             Ok(changes) => tracing::info!(?changes, "services synced from the stored objects"),
             Err(e) => tracing::error!(error = %e, "the stored Services are not in the datapath"),
         }
+        let health = services::HealthPorts::new(services.current().health.clone());
         // The endpoint cache after the entries it copies.
         let slots = dp.sync_endpoint_slots()?;
         if slots > 0 {
@@ -379,6 +382,7 @@ impl Agent {
                 crate::datapath::pins::PinLayout::new(cfg_pin_dir.clone()).map(map_names::EVENTS),
                 crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
             )),
+            health,
             _lock: lock,
         };
         if let Err(e) = agent.refresh_status().await {

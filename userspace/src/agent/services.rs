@@ -82,3 +82,70 @@ impl Agent {
         }
     }
 }
+
+/// The `healthCheckNodePort`s of the Services this node serves
+/// (`Plan::health`), for the server's health-check listeners: published
+/// after every sync, and the ports their listeners could not bind.
+#[derive(Debug)]
+pub(super) struct HealthPorts {
+    wanted: tokio::sync::watch::Sender<Vec<crate::services::HealthCheck>>,
+    unbound: std::sync::Mutex<std::collections::BTreeMap<u16, String>>,
+}
+
+impl HealthPorts {
+    /// Starts with the health checks of the plan synced at start.
+    pub(super) fn new(health: Vec<crate::services::HealthCheck>) -> Self {
+        Self {
+            wanted: tokio::sync::watch::Sender::new(health),
+            unbound: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl Agent {
+    /// The health checks to serve, as the last sync planned them; the
+    /// receiver sees each change.
+    pub fn health_checks(&self) -> tokio::sync::watch::Receiver<Vec<crate::services::HealthCheck>> {
+        self.health.wanted.subscribe()
+    }
+
+    /// Publishes the health checks of the plan last synced (after a change
+    /// of the objects or of the node's pods); receivers wake only when
+    /// they differ.
+    pub fn publish_health_checks(&self, state: &NodeState) {
+        let health = &state.services.current().health;
+        self.health.wanted.send_if_modified(|held| {
+            let changed = held != health;
+            if changed {
+                held.clone_from(health);
+            }
+            changed
+        });
+    }
+
+    /// Records whether the listener of health-check `port` is bound
+    /// (`Err`: why not; shown in the status' warnings until it is, or
+    /// until the port is no longer wanted: `Ok`).
+    pub fn health_check_bound(&self, port: u16, bound: Result<(), String>) {
+        let mut unbound = match self.health.unbound.lock() {
+            Ok(u) => u,
+            Err(e) => e.into_inner(),
+        };
+        match bound {
+            Ok(()) => unbound.remove(&port),
+            Err(why) => unbound.insert(port, why),
+        };
+    }
+
+    /// One warning per health-check port that could not be bound.
+    pub(super) fn health_check_warnings(&self) -> Vec<String> {
+        let unbound = match self.health.unbound.lock() {
+            Ok(u) => u,
+            Err(e) => e.into_inner(),
+        };
+        unbound
+            .iter()
+            .map(|(port, why)| format!("healthCheckNodePort {port} is not served: {why}"))
+            .collect()
+    }
+}

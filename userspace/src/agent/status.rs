@@ -207,6 +207,7 @@ impl Agent {
             }
         }
         s.warnings = map_warnings(&s.maps);
+        s.warnings.extend(self.health_check_warnings());
         s.age_ms = u64::try_from(p.at.elapsed().as_millis()).unwrap_or(u64::MAX);
         s
     }

@@ -160,6 +160,7 @@ async fn endpoint_add(
     } = &mut *state;
     let ep = endpoints.add(spec, agent.netlink(), dp, local).await?;
     agent.pods_changed(&mut state);
+    agent.publish_health_checks(&state);
     drop(state);
     tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
     Ok(Response::Endpoint(ep))
@@ -173,6 +174,7 @@ async fn endpoint_del(
     let NodeState { dp, endpoints, .. } = &mut *state;
     let (existed, drain) = endpoints.del_deferred(r, agent.netlink(), dp).await?;
     agent.pods_changed(&mut state);
+    agent.publish_health_checks(&state);
     tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
     if let Some(d) = drain {
         // The lease is released and the datapath forgets the pod
@@ -209,7 +211,11 @@ async fn gc(agent: &Agent, mut state: Locked<'_>, gc: &GcRequest) -> Result<Resp
 }
 
 async fn apply(agent: &Agent, document: String) -> Result<Response, ApiError> {
-    let results = agent.apply_objects(document).await?;
+    let results = agent.apply_objects(document).await;
+    // The health checks follow the Services the maps now hold (a refused
+    // change leaves them as they were).
+    agent.publish_health_checks(&*agent.lock().await);
+    let results = results?;
     agent.note_change();
     Ok(Response::Applied { results })
 }
@@ -219,7 +225,9 @@ async fn delete(
     document: String,
     ignore_not_found: bool,
 ) -> Result<Response, ApiError> {
-    let results = agent.delete_objects(document, ignore_not_found).await?;
+    let results = agent.delete_objects(document, ignore_not_found).await;
+    agent.publish_health_checks(&*agent.lock().await);
+    let results = results?;
     agent.note_change();
     Ok(Response::Applied { results })
 }

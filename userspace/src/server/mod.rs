@@ -1,6 +1,7 @@
 //! Serving the agent: the API socket (a request per connection, answered by one
-//! handler per request kind, or a `monitor` stream) and the metrics + health
-//! endpoint ([`metrics`]).
+//! handler per request kind, or a `monitor` stream), the metrics + health
+//! endpoint ([`metrics`]) and the Services' `healthCheckNodePort`s
+//! ([`health_checks`], started with the socket's server).
 //!
 //! The protocol (JSON over a unix stream socket, one request per connection,
 //! each side acting on the other's document at its closing brace) is
@@ -18,6 +19,7 @@
 //! too slow for the broadcast is told how many events it lost.
 
 mod dispatch;
+pub mod health_checks;
 pub mod metrics;
 
 use std::{
@@ -123,6 +125,7 @@ pub async fn serve(
 ) {
     tokio::pin!(shutdown);
     let publisher = tokio::spawn(Arc::clone(&agent).publish_status());
+    let health_checks = tokio::spawn(health_checks::serve(Arc::clone(&agent)));
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -143,6 +146,7 @@ pub async fn serve(
         }
     }
     publisher.abort();
+    health_checks.abort();
 }
 
 /// Decodes one API request (the bytes a client sent: a complete document,
