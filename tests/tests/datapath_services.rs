@@ -965,3 +965,96 @@ fn a_udp_nodeport_is_translated_and_its_answer_restored() {
         assert_eq!(nat_entries(h).len(), 4);
     });
 }
+
+/// A router between the node and the client says the backend's answer is
+/// too big (fragmentation needed, next-hop MTU 1400), sending the error to
+/// the address the answer came from — the frontend — and quoting the
+/// answer as it travelled (frontend → client). As for a hostPort
+/// connection, the error must reach the backend translated: outer
+/// destination and quoted source address and port the backend's, every
+/// checksum right — or the backend never learns the path MTU and its big
+/// segments vanish (a path MTU black hole).
+#[test]
+fn an_icmp_error_about_a_service_answer_reaches_the_backend() {
+    with_harness(|h| {
+        mark_backends(h);
+        let b = h.b;
+        put_group(h, 1, &[(b.ip, TARGET_PORT)]);
+        put_frontend(
+            h,
+            nodeport_key(NODE_PORT, IPPROTO_TCP),
+            info(7, 1, 1, svc_flags::NODEPORT),
+        );
+        assert_eq!(
+            forward(h, 40_000, (NODE_IP, NODE_PORT), TCP_SYN, b""),
+            (b.ip, TARGET_PORT)
+        );
+        let big = vec![0x5a; 1400];
+        let answer = h.pod_frame(
+            b,
+            &tcp((b.ip, TARGET_PORT), (CLIENT, 40_000), TCP_ACK, &big),
+        );
+        let left = h.expect(
+            program_names::FROM_POD,
+            &answer,
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::RevDnat,
+        );
+        assert_to_client(h, &left, &answer, (NODE_IP, NODE_PORT));
+
+        let router = Ipv4Addr::new(192, 168, 9, 1);
+        let mtu = 1400u16.to_be_bytes();
+        let error = Ipv4 {
+            protocol: IPPROTO_ICMP,
+            payload: icmp(3, 4, [0, 0, mtu[0], mtu[1]], quote(&left[14..])),
+            ..Ipv4::new(router, NODE_IP)
+        }
+        .bytes();
+        let frame_in = h.peer_frame(&error);
+        let before = h.counters();
+        let (verdict, out) = h
+            .run(program_names::FROM_UPLINK, &frame_in, h.uplink.0)
+            .expect("test run");
+        let after = h.counters();
+        let moved: Vec<(&str, u64)> = after
+            .iter()
+            .map(|(name, v)| (*name, v - before[name]))
+            .filter(|&(_, d)| d != 0)
+            .collect();
+        assert_eq!(
+            (verdict, moved.len()),
+            (TC_ACT_REDIRECT, 1),
+            "delivered to the backend, one counter (moved: {moved:?})"
+        );
+        assert!(
+            ["fwd_svc", "fwd_dnat"].contains(&moved[0].0) && moved[0].1 == 1,
+            "counted as translated and delivered: {moved:?}"
+        );
+        // The error the backend would get without the translation: about
+        // its own answer (backend → client), from the router.
+        let mut quoted = quote(&left[14..]).to_vec();
+        quoted[12..16].copy_from_slice(&b.ip.octets());
+        quoted[20..22].copy_from_slice(&TARGET_PORT.to_be_bytes());
+        quoted[10..12].copy_from_slice(&[0, 0]);
+        let c = checksum(&quoted[..20]);
+        quoted[10..12].copy_from_slice(&c.to_be_bytes());
+        let want = frame(&[
+            &eth(b.mac, b.host_mac, ETH_P_IP),
+            &Ipv4 {
+                ttl: 63,
+                protocol: IPPROTO_ICMP,
+                payload: icmp(3, 4, [0, 0, mtu[0], mtu[1]], &quoted),
+                ..Ipv4::new(router, b.ip)
+            }
+            .bytes(),
+        ]);
+        assert_eq!(addr_at(&out, 30), b.ip, "outer destination = backend");
+        assert_eq!(addr_at(&out, 42 + 12), b.ip, "quoted source = backend");
+        assert_eq!(be16(&out[62..64]), TARGET_PORT, "quoted source port");
+        assert!(ipv4_checksum_ok(&out, 14), "IPv4 checksum");
+        assert!(ipv4_checksum_ok(&out, 42), "quoted header checksum");
+        assert_eq!(checksum(&out[34..]), 0, "ICMP checksum");
+        assert_eq!(out, want, "byte for byte");
+    });
+}
