@@ -57,12 +57,21 @@ fn apply(w: &World, n: usize, doc: &str) -> String {
     text
 }
 
-/// A TCP server answering each connection with its own address (4 bytes).
+/// A TCP server answering each connection with its own address (4 bytes),
+/// then echoing what it reads until the client closes.
 fn tell_self_tcp(ns: &Netns, me: Ipv4Addr, port: u16) {
     let l = listen(ns, port);
     std::thread::spawn(move || {
         for mut c in l.incoming().flatten() {
-            let _ = c.write_all(&me.octets());
+            std::thread::spawn(move || {
+                let _ = c.write_all(&me.octets());
+                let mut buf = [0u8; 256];
+                while let Ok(n @ 1..) = c.read(&mut buf) {
+                    if c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
         }
     });
 }
@@ -577,4 +586,201 @@ spec:
         assert_eq!(after[n].since(b, Counter::DropSvcBackendUnreachable), 0);
         assert_eq!(after[n].since(b, Counter::DropSvcNoBackend), 0);
     }
+}
+
+#[test]
+fn services_survive_an_agent_restart_without_losing_a_connection() {
+    let mut s = setup();
+    s.apply_both(&service("web", ""), &s.slice_of("web", &[0, 1, 2]));
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    // Connections through the Service, held across the restart.
+    let mut held: Vec<TcpStream> = (0..10)
+        .map(|i| {
+            let ns = &s.w.pods[s.clients[i % 2]].ns;
+            let mut c = ns
+                .exec(|| TcpStream::connect_timeout(&dst, Duration::from_secs(3)))
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            c.set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).expect("first answer");
+            c
+        })
+        .collect();
+    for n in 0..2 {
+        let agent = s.w.nodes[n].agent_mut();
+        let stopped = agent.stop();
+        assert!(
+            stopped.is_some_and(|st| st.success()),
+            "node {n} stopped: {stopped:?}"
+        );
+        agent.restart();
+    }
+    // The store kept the objects: the Service answers, listed as before.
+    for n in 0..2 {
+        let (ok, text) = rivetctl(&s.w, n, &["get", "services", "-A"], "");
+        assert!(ok && text.contains("web"), "node {n}: {text}");
+    }
+    for i in 0..30 {
+        reach_tcp(&s.w.pods[s.clients[i % 2]].ns, dst)
+            .unwrap_or_else(|e| panic!("connection {i} after the restart: {e}"));
+    }
+    // The held connections still carry data both ways (the servers echo),
+    // the peer still shown as the ClusterIP.
+    for (i, c) in held.iter_mut().enumerate() {
+        c.write_all(b"still here")
+            .unwrap_or_else(|e| panic!("held connection {i} after the restart: {e}"));
+        let mut back = [0u8; 10];
+        c.read_exact(&mut back)
+            .unwrap_or_else(|e| panic!("held connection {i} after the restart: {e}"));
+        assert_eq!(&back, b"still here", "held connection {i}");
+        assert_eq!(c.peer_addr().expect("peer"), dst, "held connection {i}");
+    }
+}
+
+#[test]
+fn a_thousand_services_in_one_file_all_answer() {
+    let s = setup();
+    let eps = s.endpoints();
+    let mut doc = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for i in 0..1000u32 {
+        let ip = Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8);
+        let name = format!("s{i}");
+        let (b, node) = (&eps[(i % 3) as usize].0, &eps[(i % 3) as usize].1);
+        doc += &format!(
+            r#"- apiVersion: v1
+  kind: Service
+  metadata: {{name: {name}, namespace: default}}
+  spec:
+    clusterIP: {ip}
+    ports: [{{name: http, port: 80, targetPort: {POD_TCP}}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: {name}-1
+    namespace: default
+    labels: {{kubernetes.io/service-name: {name}}}
+  addressType: IPv4
+  ports: [{{name: http, port: {POD_TCP}}}]
+  endpoints: [{{addresses: ["{b}"], nodeName: {node}}}]
+"#
+        );
+    }
+    let out = apply(&s.w, 0, &doc);
+    assert_eq!(out.matches("created").count(), 2000, "{out}");
+    let ns = &s.w.pods[s.clients[0]].ns;
+    for i in 0..1000u32 {
+        let ip = Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8);
+        let (b, _) = reach_tcp(ns, SocketAddr::from((ip, 80)))
+            .unwrap_or_else(|e| panic!("service s{i} at {ip}: {e}"));
+        assert_eq!(b, eps[(i % 3) as usize].0, "service s{i}");
+    }
+}
+
+#[test]
+fn a_change_the_maps_cannot_hold_is_refused_whole() {
+    let mut w = World::new();
+    let n = w.add_node();
+    w.nodes[n].agent_args.extra_args = vec!["--max-services".into(), "16".into()];
+    w.start_agent(n);
+    let backend = w.add_pod(n);
+    let ip = w.pods[backend].ip;
+    let node = w.nodes[n].name.clone();
+    let one = |i: u32| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: default}}\nspec:\n  clusterIP: 10.97.0.{}\n  ports: [{{port: 80, targetPort: {POD_TCP}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-1, namespace: default, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\nendpoints: [{{addresses: [\"{ip}\"], nodeName: {node}}}]\n---\n",
+            i + 1
+        )
+    };
+    let fits: String = (0..16).map(one).collect();
+    apply(&w, n, &fits);
+    let too_many: String = (16..20).map(one).collect();
+    let (ok, text) = rivetctl(&w, n, &["apply", "-f", "-"], &too_many);
+    assert!(!ok, "an apply past max_services must fail: {text}");
+    assert!(
+        text.contains("SVC_FRONTENDS") && text.contains("max_services"),
+        "the error names the map and the key: {text}"
+    );
+    // Nothing of it stayed: the store still has 16 Services.
+    let (ok, text) = rivetctl(&w, n, &["get", "services", "-A", "-o", "json"], "");
+    assert!(ok, "{text}");
+    let list: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(16), "{text}");
+}
+
+#[test]
+fn removing_a_backend_under_load_fails_no_connection() {
+    let s = setup();
+    s.apply_both(&service("load", ""), &s.slice_of("load", &[0, 1, 2]));
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ns_path = s.w.pods[s.clients[0]].ns.path();
+    let worker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&ns_path).expect("pod netns");
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r =
+                    TcpStream::connect_timeout(&dst, Duration::from_secs(3)).and_then(|mut c| {
+                        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+                        let mut b = [0u8; 4];
+                        c.read_exact(&mut b)?;
+                        Ok(Ipv4Addr::from(b))
+                    });
+                match r {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    s.apply_both(&service("load", ""), &s.slice_of("load", &[1, 2]));
+    std::thread::sleep(Duration::from_millis(500));
+    s.apply_both(&service("load", ""), &s.slice_of("load", &[2]));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = worker.join().expect("worker");
+    assert!(ok > 50, "connections made under load: {ok}");
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+}
+
+#[test]
+fn node_ports_answer_on_every_node_address_from_pods_and_nodes() {
+    let s = setup();
+    let svc = service("np", "  type: NodePort\n").replace(
+        "    targetPort: http\n",
+        &format!("    targetPort: http\n    nodePort: {NODE_PORT}\n"),
+    );
+    s.apply_both(&svc, &s.slice_of("np", &[0, 2]));
+    let backends = [s.backend_ips()[0], s.backend_ips()[2]];
+    // A pod of each node and each node's own process, to both nodes'
+    // addresses: the socket hooks send them to a backend directly.
+    let sources: Vec<&Netns> = vec![
+        &s.w.pods[s.clients[0]].ns,
+        &s.w.pods[s.clients[1]].ns,
+        &s.w.nodes[0].ns,
+        &s.w.nodes[1].ns,
+    ];
+    for ns in sources {
+        for node in [s.w.nodes[0].ip, s.w.nodes[1].ip] {
+            let dst = SocketAddr::from((node, NODE_PORT));
+            let (b, peer) =
+                reach_tcp(ns, dst).unwrap_or_else(|e| panic!("{dst} from {}: {e}", ns.name()));
+            assert!(backends.contains(&b), "{dst} from {}: {b}", ns.name());
+            assert_eq!(peer, dst);
+        }
+    }
+    // The node's own loopback reaches its NodePorts too.
+    let dst = SocketAddr::from((Ipv4Addr::LOCALHOST, NODE_PORT));
+    let (b, _) = reach_tcp(&s.w.nodes[1].ns, dst).expect("127.0.0.1:NodePort on node 2");
+    assert!(backends.contains(&b));
 }
