@@ -1058,3 +1058,144 @@ fn an_icmp_error_about_a_service_answer_reaches_the_backend() {
         assert_eq!(out, want, "byte for byte");
     });
 }
+
+/// A flow's backend is chosen again only when a SYN reuses the tuple of a
+/// flow that ended: a retransmitted SYN of a live flow keeps its backend
+/// even after the group changed; after the client's FIN (or RST) a new
+/// SYN on the same tuple follows the current group.
+#[test]
+fn a_reused_client_tuple_is_chosen_anew_only_after_the_flow_ended() {
+    with_harness(|h| {
+        mark_backends(h);
+        let (a, b) = (h.a, h.b);
+        let np = nodeport_key(NODE_PORT, IPPROTO_TCP);
+        let frontend = (NODE_IP, NODE_PORT);
+        put_group(h, 1, &[(a.ip, TARGET_PORT)]);
+        put_frontend(h, np, info(8, 1, 1, svc_flags::NODEPORT));
+        for (n, end) in [(0u16, 0x11u8), (1, 0x04)] {
+            let sport = 47_000 + n;
+            put_group(h, 1, &[(a.ip, TARGET_PORT)]);
+            put_frontend(h, np, info(8, 1, 1, svc_flags::NODEPORT));
+            assert_eq!(
+                forward(h, sport, frontend, TCP_SYN, b""),
+                (a.ip, TARGET_PORT)
+            );
+            assert_eq!(
+                forward(h, sport, frontend, TCP_ACK, b"x"),
+                (a.ip, TARGET_PORT)
+            );
+            // The group changes to B.
+            put_group(h, 2, &[(b.ip, TARGET_PORT)]);
+            put_frontend(h, np, info(8, 2, 1, svc_flags::NODEPORT));
+            assert_eq!(
+                forward(h, sport, frontend, TCP_SYN, b""),
+                (a.ip, TARGET_PORT),
+                "a SYN of the live flow {sport} (retransmitted) keeps its backend"
+            );
+            // The client ends the flow (FIN+ACK, or RST), then reuses the
+            // tuple for a new connection.
+            assert_eq!(forward(h, sport, frontend, end, b""), (a.ip, TARGET_PORT));
+            assert_eq!(
+                forward(h, sport, frontend, TCP_SYN, b""),
+                (b.ip, TARGET_PORT),
+                "the new connection on {sport} follows the group"
+            );
+            assert!(
+                nat_get(
+                    h,
+                    &dnat_key((b.ip, TARGET_PORT), (CLIENT, sport), IPPROTO_TCP)
+                )
+                .is_some_and(|e| e.flags == nat_flags::SYN),
+                "the new connection's reply tuple"
+            );
+        }
+        assert_eq!(svc_stats(h, 8).flows, 4, "two connections per tuple");
+    });
+}
+
+/// A NodePort is served on every address of the node (`LOCAL_ADDRS`), its
+/// answers leaving from the address the client used; an address that is
+/// not the node's is never looked at, nor is a frontend that exists only
+/// for the cluster's own clients (scope `INTERNAL`).
+#[test]
+fn a_nodeport_is_served_on_every_node_address_and_only_there() {
+    with_harness(|h| {
+        mark_backends(h);
+        let b = h.b;
+        let second = Ipv4Addr::new(192, 168, 9, 11);
+        {
+            let mut local: HashMap<&mut MapData, rivet_common::EndpointKey, u32> =
+                HashMap::try_from(h.ebpf.map_mut("LOCAL_ADDRS").expect("map")).expect("hash");
+            local
+                .insert(
+                    rivet_common::EndpointKey {
+                        addr: ipv4_key(second.octets()),
+                    },
+                    1,
+                    0,
+                )
+                .expect("insert");
+        }
+        put_group(h, 1, &[(b.ip, TARGET_PORT)]);
+        put_frontend(
+            h,
+            nodeport_key(NODE_PORT, IPPROTO_TCP),
+            info(7, 1, 1, svc_flags::NODEPORT),
+        );
+        assert_eq!(
+            forward(h, 48_000, (second, NODE_PORT), TCP_SYN, b""),
+            (b.ip, TARGET_PORT)
+        );
+        let syn_ack = h.pod_frame(
+            b,
+            &tcp((b.ip, TARGET_PORT), (CLIENT, 48_000), TCP_SYN_ACK, b""),
+        );
+        let out = h.expect(
+            program_names::FROM_POD,
+            &syn_ack,
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::RevDnat,
+        );
+        assert_to_client(h, &out, &syn_ack, (second, NODE_PORT));
+
+        // Not an address of the node.
+        let stranger = Ipv4Addr::new(192, 168, 9, 99);
+        let syn = client_tcp(h, 48_001, (stranger, NODE_PORT), TCP_SYN, b"");
+        let out = h.expect(
+            program_names::FROM_UPLINK,
+            &syn,
+            h.uplink.0,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+        assert_eq!(out, syn);
+
+        // A frontend of scope INTERNAL only (another port), at the node's
+        // address and at an address marked for external frontends.
+        let internal = SvcKey {
+            scope: svc_scope::INTERNAL,
+            ..nodeport_key(NODE_PORT + 1, IPPROTO_TCP)
+        };
+        put_frontend(h, internal, info(7, 1, 1, svc_flags::NODEPORT));
+        let cluster_ip = SvcKey {
+            scope: svc_scope::INTERNAL,
+            ..frontend_key(EXTERNAL_IP, 80, IPPROTO_TCP)
+        };
+        put_frontend(h, cluster_ip, info(7, 1, 1, 0));
+        put_frontend(h, marker_key(EXTERNAL_IP), SvcInfo::default());
+        for to in [(NODE_IP, NODE_PORT + 1), (EXTERNAL_IP, 80)] {
+            let syn = client_tcp(h, 48_002, to, TCP_SYN, b"");
+            let out = h.expect(
+                program_names::FROM_UPLINK,
+                &syn,
+                h.uplink.0,
+                TC_ACT_OK,
+                Counter::UplinkPass,
+            );
+            assert_eq!(out, syn, "{to:?}: passed untouched");
+        }
+        assert_eq!(nat_entries(h).len(), 2, "only the translated flow's");
+        assert_eq!(svc_stats(h, 7).flows, 1);
+    });
+}
