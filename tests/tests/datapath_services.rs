@@ -1199,3 +1199,51 @@ fn a_nodeport_is_served_on_every_node_address_and_only_there() {
         assert_eq!(svc_stats(h, 7).flows, 1);
     });
 }
+
+/// An affinity holds across a change of the Service's backends while the
+/// new group has the client's backend in the same slot (the agent keeps a
+/// backend's slot while it stays); a group with another backend in that
+/// slot ends it: a fresh choice, recorded.
+#[test]
+fn affinity_follows_its_backends_slot_across_group_changes() {
+    with_harness(|h| {
+        mark_backends(h);
+        let (a, b) = (h.a, h.b);
+        let np = nodeport_key(NODE_PORT, IPPROTO_TCP);
+        let flags = svc_flags::NODEPORT | svc_flags::AFFINITY;
+        let with_timeout = |group| SvcInfo {
+            affinity_timeout: 10_800,
+            ..info(12, group, 3, flags)
+        };
+        let group = [(a.ip, TARGET_PORT), (b.ip, TARGET_PORT), (a.ip, 8081)];
+        put_group(h, 1, &group);
+        put_frontend(h, np, with_timeout(1));
+        let frontend = (NODE_IP, NODE_PORT);
+        let key = affinity_key(CLIENT, 12);
+        let first = forward(h, 49_000, frontend, TCP_SYN, b"");
+        let slot = affinity(h, key).expect("record").slot as usize;
+        assert_eq!(group[slot], first);
+
+        // The same backends, written as a new group (slots kept): a hit.
+        put_group(h, 2, &group);
+        put_frontend(h, np, with_timeout(2));
+        assert_eq!(forward(h, 49_001, frontend, TCP_SYN, b""), first);
+        assert_eq!(svc_stats(h, 12).affinity_hits, 1);
+
+        // The client's backend gone from its slot (every slot rotated): no
+        // hit; the record names the new choice.
+        let rotated = [group[1], group[2], group[0]];
+        put_group(h, 3, &rotated);
+        put_frontend(h, np, with_timeout(3));
+        let got = forward(h, 49_002, frontend, TCP_SYN, b"");
+        assert_eq!(svc_stats(h, 12).affinity_hits, 1, "no hit");
+        let rec = affinity(h, key).expect("record");
+        assert_eq!(
+            (rec.backend, rotated[rec.slot as usize]),
+            (backend(got.0, got.1), got),
+            "the record holds the fresh choice and its slot"
+        );
+        assert_eq!(forward(h, 49_003, frontend, TCP_SYN, b""), got);
+        assert_eq!(svc_stats(h, 12).affinity_hits, 2);
+    });
+}
