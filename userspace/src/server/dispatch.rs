@@ -71,7 +71,9 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
             namespace,
             name,
         } => return get(agent, &kind, namespace.as_deref(), name.as_deref()).await,
-        Request::Services {} => return Ok(Response::Services(services(agent).await?)),
+        Request::Services {} => {
+            return Ok(Response::Services(services(agent, Detail::Full).await?));
+        }
         _ => {}
     }
     let state = agent.lock().await;
@@ -232,15 +234,30 @@ async fn delete(
     Ok(Response::Applied { results })
 }
 
+/// How much of each Service port a listing copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Detail {
+    /// Frontends and backends too (`rivetctl services`).
+    Full,
+    /// Names, policies and counters only (a metrics scrape: its cost under
+    /// the node-state lock does not grow with the backends).
+    Counters,
+}
+
 /// The Services this node serves (`rivetctl services`, `/metrics`): what
 /// the Service maps hold, copied with the node state locked; their
 /// counters read afterwards from the pinned `SVC_STATS`.
-pub(super) async fn services(agent: &Agent) -> Result<rivet_api::ServiceList, ApiError> {
+pub(super) async fn services(
+    agent: &Agent,
+    detail: Detail,
+) -> Result<rivet_api::ServiceList, ApiError> {
     let (mut list, ids) = {
         let state = agent.lock().await;
-        service_ports(&state)
+        service_ports(&state, detail)
     };
-    mark_local_pods(agent, &mut list)?;
+    if detail == Detail::Full {
+        mark_local_pods(agent, &mut list)?;
+    }
     let published = agent.published();
     let capacity = |name: &str, configured: u32| {
         published
@@ -319,7 +336,7 @@ fn mark_local_pods(agent: &Agent, list: &mut rivet_api::ServiceList) -> Result<(
 /// is marked local here when it is in the port's `Local` group or
 /// reachable at the uplink from this node ([`mark_local_pods`] adds the
 /// node's other pods).
-fn service_ports(state: &NodeState) -> (rivet_api::ServiceList, Vec<Option<u32>>) {
+fn service_ports(state: &NodeState, detail: Detail) -> (rivet_api::ServiceList, Vec<Option<u32>>) {
     use std::collections::{BTreeMap, BTreeSet};
 
     use crate::services::{FrontendKind, GroupKey, plan::Scope};
@@ -371,6 +388,9 @@ fn service_ports(state: &NodeState) -> (rivet_api::ServiceList, Vec<Option<u32>>
                 rivet_api::ServiceScope::Internal => entry.internal_local = true,
             }
         }
+        if detail == Detail::Counters {
+            continue;
+        }
         let count = services.group(&fe.group).map_or(0, <[_]>::len);
         entry.frontends.push(rivet_api::ServiceFrontend {
             kind,
@@ -380,7 +400,7 @@ fn service_ports(state: &NodeState) -> (rivet_api::ServiceList, Vec<Option<u32>>
             backends: u32::try_from(count).unwrap_or(u32::MAX),
         });
     }
-    for (pr, entry) in &mut ports {
+    for (pr, entry) in ports.iter_mut().filter(|_| detail == Detail::Full) {
         let all = GroupKey {
             port: pr.clone(),
             local_only: false,

@@ -360,7 +360,7 @@ pub fn readiness(agent: &Agent) -> Result<(), String> {
 pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
     let status = agent.status();
     let counters = agent.counters().map_err(|e| e.to_string())?;
-    let services = match super::dispatch::services(agent).await {
+    let services = match super::dispatch::services(agent, super::dispatch::Detail::Counters).await {
         Ok(list) => Some(list),
         Err(e) => {
             tracing::warn!(error = %e, "Service metrics left out of a scrape");
