@@ -783,6 +783,14 @@ pub fn service_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
                     return Reply::Done(verdict::drop(ctx, Counter::DropSvcNoBackend));
                 }
                 Lookup::Backend(backend, info) => {
+                    // A backend this node cannot reach starts no flow: the
+                    // client's retransmission chooses again.
+                    if maps::endpoint(backend.addr).is_none()
+                        && (maps::remote_route(backend.addr).is_none()
+                            || maps::nat_ports().is_none())
+                    {
+                        return Reply::Done(verdict::drop(ctx, Counter::DropSvcBackendUnreachable));
+                    }
                     let entry = NatEntry {
                         addr: backend.addr,
                         port: backend.port,

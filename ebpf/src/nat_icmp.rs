@@ -140,8 +140,10 @@ pub fn snat_error(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
     deliver(ctx, &q, (cfg.node_ip, pod_ip), (q.sport, pod_port))
 }
 
-/// An error to a node address about a hostPort connection's answer: the
-/// quoted packet went out as (node address, hostPort) → (client, port).
+/// An error to a node address (or an external Service address) about a
+/// hostPort or Service connection's answer: the quoted packet went out as
+/// (node address, hostPort) or (frontend, port) → (client, port); the pod
+/// is the hostPort's, or the backend the Service flow holds.
 #[inline(always)]
 pub fn hostport_error_in(ctx: &TcContext, ip: &Ip) -> Reply {
     let Some(q) = quoted(ctx, ip) else {
@@ -150,20 +152,22 @@ pub fn hostport_error_in(ctx: &TcContext, ip: &Ip) -> Reply {
     if q.src != ip.dst || q.proto == IPPROTO_ICMP {
         return Reply::NotOurs;
     }
-    let Some(target) = maps::hostport(q.src, q.sport, q.proto) else {
-        return Reply::NotOurs;
+    let (pod_ip, pod_port) = match maps::hostport(q.src, q.sport, q.proto) {
+        Some(target) => (target.pod_ip, target.port),
+        None => {
+            let flow = NatKey::new(q.dst, q.src, (q.dport, q.sport), q.proto, nat_dir::SVC);
+            let Some(entry) = NAT.get_ptr(flow) else {
+                return Reply::NotOurs;
+            };
+            // SAFETY: as in `snat_error`.
+            unsafe { ((*entry).addr, (*entry).port) }
+        }
     };
-    let key = NatKey::new(
-        target.pod_ip,
-        q.dst,
-        (target.port, q.dport),
-        q.proto,
-        nat_dir::DNAT,
-    );
+    let key = NatKey::new(pod_ip, q.dst, (pod_port, q.dport), q.proto, nat_dir::DNAT);
     if NAT.get_ptr(key).is_none() {
         return Reply::NotOurs;
     }
-    deliver(ctx, &q, (q.src, target.pod_ip), (q.sport, target.port))
+    deliver(ctx, &q, (q.src, pod_ip), (q.sport, pod_port))
 }
 
 /// Rewrites an inbound error for the pod at `pod` and returns it for

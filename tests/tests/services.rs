@@ -784,3 +784,77 @@ fn node_ports_answer_on_every_node_address_from_pods_and_nodes() {
     let (b, _) = reach_tcp(&s.w.nodes[1].ns, dst).expect("127.0.0.1:NodePort on node 2");
     assert!(backends.contains(&b));
 }
+
+#[test]
+fn udp_to_a_removed_backend_is_moved_or_failed_not_stuck() {
+    let mut s = setup();
+    let svc = service("udp", "  type: NodePort\n").replace(
+        &format!("    targetPort: {POD_UDP}\n"),
+        &format!("    targetPort: {POD_UDP}\n    nodePort: {NODE_PORT}\n"),
+    );
+    // Backends 0 and 1, both on node 1.
+    s.apply_both(&svc, &s.slice_of("udp", &[0, 1]));
+    let ips = s.backend_ips();
+    let other = |ip: Ipv4Addr| if ip == ips[0] { 1 } else { 0 };
+    let mut b = [0u8; 4];
+
+    // A connected UDP socket in a pod is fixed to one backend at connect;
+    // that backend leaves: the socket is failed (ECONNABORTED), not left
+    // sending into the void.
+    let ns = &s.w.pods[s.clients[0]].ns;
+    let sock = ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    sock.connect(SocketAddr::from((CLUSTER_IP, SVC_UDP)))
+        .expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    sock.send(b"q").expect("send");
+    sock.recv(&mut b).expect("first answer");
+    let first = Ipv4Addr::from(b);
+    s.apply_both(&svc, &s.slice_of("udp", &[other(first)]));
+    // The abort is the socket's pending error, and it is disconnected: a
+    // send needs an address again.
+    let pending = sock.take_error().expect("SO_ERROR");
+    assert_eq!(
+        pending.as_ref().and_then(std::io::Error::raw_os_error),
+        Some(libc::ECONNABORTED),
+        "the connected socket is aborted: {pending:?}"
+    );
+    match sock.send(b"q") {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EDESTADDRREQ), "{e}"),
+        Ok(n) => panic!("the socket stuck to the removed backend {first} sent {n} bytes"),
+    }
+
+    // An outside client's UDP flow through node 1's NodePort is moved to
+    // another backend when its own leaves (same client port).
+    s.apply_both(&svc, &s.slice_of("udp", &[0, 1]));
+    s.w.add_outside();
+    let outside = s.w.outside.as_ref().expect("outside");
+    let node1 = SocketAddr::from((s.w.nodes[0].ip, NODE_PORT));
+    let flow = outside
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    flow.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    flow.send_to(b"q", node1).expect("send");
+    let (_, from) = flow.recv_from(&mut b).expect("NodePort answer");
+    assert_eq!(from, node1);
+    let held = Ipv4Addr::from(b);
+    for i in 0..5 {
+        flow.send_to(b"q", node1).expect("send");
+        flow.recv_from(&mut b).expect("answer");
+        assert_eq!(Ipv4Addr::from(b), held, "datagram {i} of the flow");
+    }
+    let moved_to = ips[other(held)];
+    s.apply_both(&svc, &s.slice_of("udp", &[other(held)]));
+    flow.send_to(b"q", node1).expect("send");
+    let (_, from) = flow
+        .recv_from(&mut b)
+        .expect("the flow answered after its backend left");
+    assert_eq!(
+        (Ipv4Addr::from(b), from),
+        (moved_to, node1),
+        "the flow moved"
+    );
+}

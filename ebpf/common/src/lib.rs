@@ -869,8 +869,10 @@ pub enum Counter {
     /// reply, an error about an unknown flow, another type): it starts no
     /// flow and answers none, so it is never sent with the pod's address.
     DropNatIcmpUnknown = 54,
-    /// Addressed to a Service frontend with no backend (for this client):
-    /// answered with ICMP port unreachable, as kube-proxy's REJECT.
+    /// Addressed to a Service frontend with no backend: answered with ICMP
+    /// port unreachable, as kube-proxy's REJECT — or, with a `Local`
+    /// policy and backends only on other nodes, dropped without an answer
+    /// (kube-proxy's rule: a load balancer's health check steers clients).
     DropSvcNoBackend = 55,
     /// Addressed to a Service frontend whose chosen backend cannot be
     /// reached from here (not a ready local endpoint).

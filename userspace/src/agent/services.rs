@@ -5,16 +5,25 @@
 //! whole, nothing written), after the node's pods change (an endpoint
 //! without `nodeName` is local when it is one of them) and at start-up.
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::{
+    collections::{BTreeSet, HashSet},
+    net::Ipv4Addr,
+    path::PathBuf,
+};
 
 use rivet_api::{ApiError, ErrorKind};
+use rivet_common::ipv4_key;
 
 use crate::{
     datapath::Datapath,
     endpoint::Endpoints,
+    netlink::{netns, sock_diag},
     objects::ObjectSet,
-    services::{Changes, NodeView, Plan, ServiceError, Services},
+    services::{Backend, Changes, NodeView, Plan, ServiceError, Services},
 };
+
+/// IP protocol number of UDP.
+const IPPROTO_UDP: u8 = 17;
 
 use super::{Agent, NodeState};
 
@@ -42,6 +51,73 @@ pub(super) fn sync(
     Ok(changes)
 }
 
+/// UDP backends that left their Services: the uplink flows held by them
+/// are forgotten (the client's next datagram chooses again) and the
+/// connected UDP sockets of the node and its pods that the socket hooks
+/// sent to them are aborted (their next call fails with `ECONNABORTED`, as
+/// Cilium destroys them): nothing stays stuck on a gone backend. Failures
+/// are logged; the change of the Services stands.
+fn move_udp_off(state: &mut NodeState, removed: &BTreeSet<Backend>) {
+    let wire: HashSet<(u32, u16)> = removed
+        .iter()
+        .map(|b| (ipv4_key(b.addr.octets()), b.port.to_be()))
+        .collect();
+    match state.dp.forget_service_flows(IPPROTO_UDP, &wire) {
+        Ok(n) if n > 0 => {
+            tracing::info!(flows = n, "UDP Service flows to removed backends forgotten")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "forgetting UDP Service flows to removed backends"),
+    }
+    let targets: HashSet<(Ipv4Addr, u16)> = removed.iter().map(|b| (b.addr, b.port)).collect();
+    let mut places: Vec<Option<PathBuf>> = vec![None];
+    places.extend(
+        state
+            .endpoints
+            .list()
+            .into_iter()
+            .map(|e| Some(PathBuf::from(e.netns))),
+    );
+    let mut aborted = 0usize;
+    for place in places {
+        let found = match &place {
+            None => sock_diag::connected_to(&targets).map_err(|e| e.to_string()),
+            Some(path) => netns::run_in(path, || sock_diag::connected_to(&targets))
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+        };
+        let sockets = match found {
+            Ok(sockets) => sockets,
+            Err(e) => {
+                tracing::debug!(netns = ?place, error = %e, "listing UDP sockets");
+                continue;
+            }
+        };
+        for sock in sockets {
+            let (addr, port) = (ipv4_key(sock.dst.0.octets()), sock.dst.1.to_be());
+            if !state.dp.socket_translated(sock.cookie, addr, port) {
+                continue;
+            }
+            let done = match &place {
+                None => sock_diag::destroy(&sock),
+                Some(path) => netns::run_in(path, || sock_diag::destroy(&sock))
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r),
+            };
+            match done {
+                Ok(()) => aborted += 1,
+                Err(e) => tracing::warn!(netns = ?place, error = %e, "aborting a UDP socket"),
+            }
+        }
+    }
+    if aborted > 0 {
+        tracing::info!(
+            sockets = aborted,
+            "connected UDP sockets to removed backends aborted"
+        );
+    }
+}
+
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
         let kind = match e {
@@ -61,7 +137,11 @@ impl Agent {
     ) -> Result<Changes, ServiceError> {
         let plan = plan_for(&self.cfg.node_name, &state.endpoints, objects);
         let NodeState { dp, services, .. } = state;
-        sync(services, dp, plan)
+        let changes = sync(services, dp, plan)?;
+        if !changes.removed_udp.is_empty() {
+            move_udp_off(state, &changes.removed_udp);
+        }
+        Ok(changes)
     }
 
     /// After the node's pods changed: the Services again when an endpoint

@@ -9,6 +9,7 @@
 pub mod batch;
 pub mod messages;
 pub mod netns;
+pub mod sock_diag;
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -64,7 +64,7 @@ pub struct Capacity {
 }
 
 /// What an apply changed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Frontends written (new or changed).
     pub frontends_written: usize,
@@ -72,6 +72,9 @@ pub struct Changes {
     pub frontends_removed: usize,
     /// Backend groups written.
     pub groups_written: usize,
+    /// UDP backends that left a group (their flows and connected sockets
+    /// are moved or failed by the caller).
+    pub removed_udp: BTreeSet<Backend>,
 }
 
 fn to_key(k: &FrontendKey) -> SvcKey {
@@ -286,6 +289,12 @@ impl Synced {
             }
             changes.groups_written += 1;
             if let Some(w) = self.groups.insert(gk.clone(), Written { id, slots }) {
+                if gk.port.proto == Proto::Udp {
+                    let kept: BTreeSet<&Backend> = backends.iter().collect();
+                    changes
+                        .removed_udp
+                        .extend(w.slots.iter().filter(|b| !kept.contains(b)));
+                }
                 retired.push((w.id, w.slots.len()));
             }
         }
@@ -357,6 +366,9 @@ impl Synced {
             .collect();
         for gk in unused {
             if let Some(w) = self.groups.remove(&gk) {
+                if gk.port.proto == Proto::Udp {
+                    changes.removed_udp.extend(w.slots.iter().copied());
+                }
                 retired.push((w.id, w.slots.len()));
             }
         }
@@ -373,6 +385,15 @@ impl Synced {
         }
         self.ids
             .retain(|p, _| plan.groups.keys().any(|g| &g.port == p));
+        // A backend that only left one group of a port (its local-only
+        // group, say) still serves: only those gone from every UDP group.
+        for (gk, backends) in &plan.groups {
+            if gk.port.proto == Proto::Udp {
+                for b in backends {
+                    changes.removed_udp.remove(b);
+                }
+            }
+        }
         Ok(changes)
     }
 

@@ -172,3 +172,59 @@ impl Datapath {
         }
     }
 }
+
+impl Datapath {
+    /// Forgets the uplink Service flows (`nat_dir::SVC` entries and their
+    /// DNAT entries) of protocol `proto` held by a backend in `backends`
+    /// (addresses and ports in wire order): the client's next packet
+    /// chooses again. Returns the flows forgotten.
+    pub fn forget_service_flows(
+        &mut self,
+        proto: u8,
+        backends: &std::collections::HashSet<(u32, u16)>,
+    ) -> Result<usize, DatapathError> {
+        use rivet_common::{NatEntry, NatKey, nat_dir};
+        let name = map_names::NAT;
+        let mut map = self.hash_mut::<NatKey, NatEntry>(name)?;
+        let doomed: Vec<(NatKey, NatEntry)> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, e)| {
+                k.dir == nat_dir::SVC && k.proto == proto && backends.contains(&(e.addr, e.port))
+            })
+            .collect();
+        for (k, e) in &doomed {
+            let dnat = NatKey::new(e.addr, k.src, (e.port, k.sport), k.proto, nat_dir::DNAT);
+            for key in [*k, dnat] {
+                match map.remove(&key) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {}
+                    Err(e) => return Err(map_err(name)(e)),
+                }
+            }
+        }
+        Ok(doomed.len())
+    }
+
+    /// Whether the socket `cookie` was sent to `addr`:`port` (wire order)
+    /// by the socket hooks (a Service or hostPort it named).
+    pub fn socket_translated(&self, cookie: u64, addr: u32, port: u16) -> bool {
+        let name = map_names::SOCK_REVNAT;
+        let Some(map) = self.ebpf.map(name) else {
+            return false;
+        };
+        let Ok(hash) =
+            HashMap::<&MapData, rivet_common::SockRevKey, rivet_common::SockRevTarget>::try_from(
+                map,
+            )
+        else {
+            return false;
+        };
+        let key = rivet_common::SockRevKey {
+            cookie,
+            addr,
+            port,
+            _pad: 0,
+        };
+        hash.get(&key, 0).is_ok()
+    }
+}
