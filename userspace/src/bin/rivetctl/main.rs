@@ -29,8 +29,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// How long `apply`, `delete` and `get` wait for each step of the exchange.
-const OBJECTS_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long `apply`, `delete` and `get` wait for each step of the exchange
+/// (the agent answers once every object is checked, written and synced:
+/// minutes for tens of thousands of objects on a slow disk).
+const OBJECTS_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// The text of the document at `path` (`-`: standard input).
 fn read_document(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
