@@ -570,6 +570,141 @@ spec:
         assert!(e.starts_with("expected an object"), "{e}");
     }
 
+    /// What `kubectl get svc,endpointslices -n kube-system -o yaml` prints
+    /// for kube-dns (server-set fields and all).
+    const KUBECTL_YAML: &str = r#"apiVersion: v1
+items:
+- apiVersion: v1
+  kind: Service
+  metadata:
+    annotations:
+      prometheus.io/port: "9153"
+      prometheus.io/scrape: "true"
+    creationTimestamp: "2026-11-02T09:14:03Z"
+    labels:
+      k8s-app: kube-dns
+      kubernetes.io/cluster-service: "true"
+      kubernetes.io/name: CoreDNS
+    managedFields:
+    - apiVersion: v1
+      fieldsType: FieldsV1
+      fieldsV1:
+        f:spec:
+          f:ports: {}
+      manager: kubeadm
+      operation: Update
+      time: "2026-11-02T09:14:03Z"
+    name: kube-dns
+    namespace: kube-system
+    resourceVersion: "234"
+    uid: 2f1c7e0e-53a4-4f5e-9c1b-0c9f3b1a2d11
+  spec:
+    clusterIP: 10.96.0.10
+    clusterIPs:
+    - 10.96.0.10
+    internalTrafficPolicy: Cluster
+    ipFamilies:
+    - IPv4
+    ipFamilyPolicy: SingleStack
+    ports:
+    - name: dns
+      port: 53
+      protocol: UDP
+      targetPort: 53
+    - name: dns-tcp
+      port: 53
+      protocol: TCP
+      targetPort: 53
+    - name: metrics
+      port: 9153
+      protocol: TCP
+      targetPort: 9153
+    selector:
+      k8s-app: kube-dns
+    sessionAffinity: None
+    type: ClusterIP
+  status:
+    loadBalancer: {}
+- addressType: IPv4
+  apiVersion: discovery.k8s.io/v1
+  endpoints:
+  - addresses:
+    - 10.244.0.3
+    conditions:
+      ready: true
+      serving: true
+      terminating: false
+    nodeName: cp-1
+    targetRef:
+      kind: Pod
+      name: coredns-7db6d8ff4d-x2x9q
+      namespace: kube-system
+      uid: 8d3e5f0a-9d1c-4b59-8a0f-7c2b5e9d4a01
+  kind: EndpointSlice
+  metadata:
+    annotations:
+      endpoints.kubernetes.io/last-change-trigger-time: "2026-11-02T09:15:11Z"
+    creationTimestamp: "2026-11-02T09:14:19Z"
+    generateName: kube-dns-
+    generation: 3
+    labels:
+      endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+      k8s-app: kube-dns
+      kubernetes.io/service-name: kube-dns
+    name: kube-dns-8lkjw
+    namespace: kube-system
+    ownerReferences:
+    - apiVersion: v1
+      blockOwnerDeletion: true
+      controller: true
+      kind: Service
+      name: kube-dns
+      uid: 2f1c7e0e-53a4-4f5e-9c1b-0c9f3b1a2d11
+    resourceVersion: "412"
+    uid: 4b0a9c37-7b42-4b6c-93a5-2a4a8f0c6e22
+  ports:
+  - name: dns-tcp
+    port: 53
+    protocol: TCP
+  - name: dns
+    port: 53
+    protocol: UDP
+  - name: metrics
+    port: 9153
+    protocol: TCP
+kind: List
+metadata:
+  resourceVersion: ""
+"#;
+
+    #[test]
+    fn what_kubectl_prints_is_taken_as_it_is() {
+        let objects = parse_document(KUBECTL_YAML).expect("kubectl's own output");
+        let keys: Vec<String> = objects.iter().map(|o| o.key().to_string()).collect();
+        assert_eq!(
+            keys,
+            [
+                "Service kube-system/kube-dns",
+                "EndpointSlice kube-system/kube-dns-8lkjw"
+            ]
+        );
+        // Server-set fields are kept (the uid, the creation time).
+        let meta = objects[0].metadata();
+        assert_eq!(
+            meta.uid.as_deref(),
+            Some("2f1c7e0e-53a4-4f5e-9c1b-0c9f3b1a2d11")
+        );
+        assert!(meta.creation_timestamp.is_some() && meta.managed_fields.is_some());
+        let set: crate::objects::ObjectSet = objects.into_iter().collect();
+        assert_eq!(set.slices_of_service("kube-system", "kube-dns").count(), 1);
+        // The same as JSON, as `-o json` prints it.
+        let value: Value = serde_yaml::from_str(KUBECTL_YAML).expect("yaml");
+        let again = parse_document(&serde_json::to_string_pretty(&value).expect("json"))
+            .expect("kubectl's JSON");
+        let set_again: crate::objects::ObjectSet = again.into_iter().collect();
+        assert_eq!(set, set_again);
+    }
+
     #[test]
     fn an_object_appears_once() {
         let text = format!("{SERVICE_YAML}---\n{SERVICE_YAML}");
