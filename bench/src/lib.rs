@@ -30,6 +30,7 @@ pub mod plot;
 pub mod pps;
 pub mod progcost;
 pub mod same_node;
+pub mod services;
 
 /// Sizes of a run.
 #[derive(Debug, Clone, Copy)]

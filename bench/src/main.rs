@@ -51,6 +51,11 @@ enum Which {
     /// code) vs ip route / nft, one change's latency with a full route
     /// table, etcd convergence when a node joins and leaves.
     Control,
+    /// Kubernetes Services vs their number: rivet (socket-level and uplink
+    /// translation) vs kube-proxy's iptables and nftables modes; connect
+    /// latency to a ClusterIP and a NodePort, UDP, throughput, one
+    /// Service's apply-to-answer time, agent memory.
+    Services,
 }
 
 fn main() {
@@ -82,6 +87,7 @@ fn main() {
             Which::ProgCost,
             Which::Pps,
             Which::Control,
+            Which::Services,
         ]
     } else {
         args.which
@@ -113,6 +119,15 @@ fn main() {
             Which::Control => {
                 bench::control::run(&opts, if args.quick { &[2, 5] } else { &[2, 5, 10] })
             }
+            // A smoke run: 1 and 1,000 Services.
+            Which::Services => bench::services::run(
+                &opts,
+                if args.quick {
+                    &[1, 1000]
+                } else {
+                    &[1, 1000, 10_000, 30_000]
+                },
+            ),
             Which::Nat => bench::nat::run(
                 &opts,
                 // Every size up to 10k in a smoke run too, with short
