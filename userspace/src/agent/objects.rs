@@ -180,8 +180,15 @@ impl Agent {
         if staged.changes() == 0 {
             return Ok(());
         }
+        let started = Instant::now();
         self.check_staged(state, staged.objects())?;
+        let checked_ms = ms_since(started);
         let committed = blocking(|| state.objects.commit(staged));
+        tracing::debug!(
+            checked_ms,
+            written_ms = ms_since(started) - checked_ms,
+            "objects checked (Services synced) and written"
+        );
         if let Err(e) = committed {
             // The check saw a set the store does not hold: show it the
             // one the store read back.

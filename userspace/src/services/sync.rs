@@ -202,16 +202,18 @@ impl Synced {
     fn assign_ids(&mut self, dp: &mut Datapath, plan: &Plan) -> Result<(), ServiceError> {
         let wanted: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
         self.ids.retain(|p, _| wanted.contains(p));
-        for (fk, fe) in &plan.frontends {
-            if let Some(id) = self.found_ids.get(fk)
-                && !self.ids.contains_key(&fe.group.port)
-                && !self.ids.values().any(|v| v == id)
-            {
-                self.ids.insert(fe.group.port.clone(), *id);
-            }
-        }
-        self.found_ids.clear();
         let mut used: BTreeSet<u32> = self.ids.values().copied().collect();
+        if !self.found_ids.is_empty() {
+            for (fk, fe) in &plan.frontends {
+                if let Some(id) = self.found_ids.get(fk)
+                    && !self.ids.contains_key(&fe.group.port)
+                    && used.insert(*id)
+                {
+                    self.ids.insert(fe.group.port.clone(), *id);
+                }
+            }
+            self.found_ids.clear();
+        }
         let mut next = 0u32;
         for port in wanted {
             if self.ids.contains_key(port) {
@@ -257,6 +259,13 @@ impl Synced {
         self.check(plan)?;
         self.assign_ids(dp, plan)?;
         let mut changes = Changes::default();
+        // The frontends of each group (for groups read back at start).
+        let mut users: BTreeMap<&GroupKey, Vec<&FrontendKey>> = BTreeMap::new();
+        if !self.orphans.is_empty() {
+            for (fk, fe) in &plan.frontends {
+                users.entry(&fe.group).or_default().push(fk);
+            }
+        }
         // 1. Groups: new or changed ones under a fresh id.
         let mut retired: Vec<(u32, usize)> = Vec::new();
         for (gk, backends) in &plan.groups {
@@ -271,7 +280,8 @@ impl Synced {
             // A group read back at start with exactly these backends is
             // taken over as it is.
             if old.is_none()
-                && let Some(id) = self.orphan_for(plan, gk, backends)
+                && let Some(id) =
+                    self.orphan_for(users.get(gk).map_or(&[][..], Vec::as_slice), backends)
             {
                 let slots = self.orphans.remove(&id).unwrap_or_default();
                 self.groups.insert(gk.clone(), Written { id, slots });
@@ -383,8 +393,8 @@ impl Synced {
                 })?;
             }
         }
-        self.ids
-            .retain(|p, _| plan.groups.keys().any(|g| &g.port == p));
+        let ports: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
+        self.ids.retain(|p, _| ports.contains(p));
         // A backend that only left one group of a port (its local-only
         // group, say) still serves: only those gone from every UDP group.
         for (gk, backends) in &plan.groups {
@@ -397,14 +407,13 @@ impl Synced {
         Ok(changes)
     }
 
-    /// A group read back at start that a frontend of `gk` named and that
-    /// holds exactly `backends`.
-    fn orphan_for(&self, plan: &Plan, gk: &GroupKey, backends: &[Backend]) -> Option<u32> {
+    /// A group read back at start that one of `users` (a group's
+    /// frontends) named and that holds exactly `backends`.
+    fn orphan_for(&self, users: &[&FrontendKey], backends: &[Backend]) -> Option<u32> {
         let wanted: BTreeSet<&Backend> = backends.iter().collect();
-        plan.frontends
+        users
             .iter()
-            .filter(|(_, fe)| &fe.group == gk)
-            .filter_map(|(fk, _)| self.frontends.get(fk).map(|i| i.group))
+            .filter_map(|fk| self.frontends.get(*fk).map(|i| i.group))
             .find(|id| {
                 self.orphans.get(id).is_some_and(|slots| {
                     slots.len() == backends.len() && slots.iter().collect::<BTreeSet<_>>() == wanted
