@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: an emulated cluster (etcd + nodes + pods in network
 //! namespaces), same-node and cross-node traffic through the BPF datapath,
-//! the agents' view of it, then cleanup (or `--keep`).
+//! a Service (ClusterIP + NodePort) with backends on every node, the
+//! agents' view of it, then cleanup (or `--keep`).
 
 use std::{process::Command, time::Duration};
 
@@ -44,6 +45,112 @@ fn rivetctl(socket: &std::path::Path, args: &[&str]) {
         .expect("running rivetctl");
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `rivetctl apply -f -` of `doc` on the agent at `socket`; true on success.
+fn apply(socket: &std::path::Path, doc: &str) -> bool {
+    use std::io::Write as _;
+    let child = Command::new(bin("rivetctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("cannot run rivetctl");
+        return false;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(doc.as_bytes());
+    }
+    match child.wait_with_output() {
+        Ok(out) => {
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            out.status.success()
+        }
+        Err(e) => {
+            eprintln!("rivetctl: {e}");
+            false
+        }
+    }
+}
+
+/// A ClusterIP + NodePort Service with the last pod of every node as a
+/// backend: connections from a pod spread over them, an outside host
+/// reaches the NodePort, `rivetctl services` shows the counters.
+fn services(w: &mut World, nodes: &[usize], pods: &[usize]) {
+    use std::io::{Read as _, Write as _};
+    const PORT: u16 = 8080;
+    let backends: Vec<usize> = nodes
+        .iter()
+        .filter_map(|&n| pods.iter().copied().rev().find(|&p| w.pods[p].node == n))
+        .collect();
+    step(&format!(
+        "a Service: ClusterIP 10.96.0.10:80 and NodePort 30080 with {} backend(s), one per node",
+        backends.len()
+    ));
+    for &b in &backends {
+        let me = w.pods[b].ip;
+        let l = rivet_tests::traffic::listen(&w.pods[b].ns, PORT);
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let _ = c.write_all(&me.octets());
+            }
+        });
+    }
+    let mut endpoints = String::new();
+    for &b in &backends {
+        endpoints += &format!(
+            "- addresses: [\"{}\"]\n  nodeName: {}\n",
+            w.pods[b].ip, w.nodes[w.pods[b].node].name
+        );
+    }
+    let doc = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{{name: http, port: 80, targetPort: http, nodePort: 30080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: {PORT}}}]\nendpoints:\n{endpoints}"
+    );
+    println!("{doc}");
+    for &n in nodes {
+        println!("rivetctl apply -f - on {}:", w.nodes[n].name);
+        if !apply(w.nodes[n].agent().socket(), &doc) {
+            return;
+        }
+    }
+    let reach = |ns: &rivet_tests::Netns, dst: std::net::SocketAddr| {
+        ns.exec(|| std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2)))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(2)))?;
+                let mut b = [0u8; 4];
+                c.read_exact(&mut b)?;
+                Ok(std::net::Ipv4Addr::from(b))
+            })
+    };
+    let client = pods[0];
+    let mut hits = std::collections::BTreeMap::new();
+    let mut failed = 0;
+    for _ in 0..30 {
+        match reach(&w.pods[client].ns, ([10, 96, 0, 10], 80).into()) {
+            Ok(b) => *hits.entry(b).or_insert(0) += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    println!(
+        "pod {} -> 10.96.0.10:80, 30 connections: {hits:?} ({failed} failed; translated at connect(), no NAT on the wire)",
+        w.pods[client].ip
+    );
+    let node = w.nodes[nodes[0]].ip;
+    w.add_outside();
+    if let Some(outside) = &w.outside {
+        match reach(outside, (node, 30080).into()) {
+            Ok(b) => println!("outside host -> {node}:30080 (NodePort) answered by backend {b}"),
+            Err(e) => println!("outside host -> {node}:30080 (NodePort): {e}"),
+        }
+    }
+    let socket = w.nodes[nodes[0]].agent().socket().to_owned();
+    step("rivetctl services (sockets = translated at connect, flows = at the uplink)");
+    rivetctl(&socket, &["services"]);
 }
 
 fn peers(w: &World, n: usize) -> usize {
@@ -175,6 +282,8 @@ fn main() {
         );
     }
 
+    services(&mut w, &nodes, &pods);
+
     let socket = w.nodes[nodes[0]].agent().socket().to_owned();
     step(&format!(
         "rivetctl status (node {})",
@@ -185,7 +294,9 @@ fn main() {
     rivetctl(&socket, &["nodes"]);
     step("rivetctl endpoints");
     rivetctl(&socket, &["endpoints"]);
-    step("rivetctl stats (fwd_local = same node, fwd_encap_*/decap_* = across nodes)");
+    step(
+        "rivetctl stats (fwd_local = same node, fwd_encap_*/decap_* = across nodes, fwd_svc = NodePort)",
+    );
     rivetctl(&socket, &["stats"]);
 
     if args.keep {
