@@ -356,9 +356,11 @@ pub fn readiness(agent: &Agent) -> Result<(), String> {
 }
 
 /// Everything one metrics scrape reports (the node state is locked only
-/// to copy what the Service maps hold).
+/// to copy what the Service maps hold, and to gather the status when a
+/// change was noted since it was published: a scrape right after an ADD
+/// counts that endpoint).
 pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
-    let status = agent.status();
+    let status = agent.current_status().await;
     let counters = agent.counters().map_err(|e| e.to_string())?;
     let services = match super::dispatch::services(agent, super::dispatch::Detail::Counters).await {
         Ok(list) => Some(list),
