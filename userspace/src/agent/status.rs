@@ -117,6 +117,8 @@ struct Records {
     nodes: usize,
     /// Entries in SVC_FRONTENDS and SVC_BACKENDS.
     services: (usize, usize),
+    /// Pod network namespaces marked for the socket hooks (SOCK_NETNS).
+    pod_netns: usize,
 }
 
 impl Records {
@@ -126,6 +128,13 @@ impl Records {
             pool: state.endpoints.pool(),
             nodes: state.cluster.len(),
             services: state.services.fill(),
+            pod_netns: state
+                .endpoints
+                .list()
+                .iter()
+                .filter_map(|e| e.netns_cookie)
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
         }
     }
 
@@ -140,7 +149,9 @@ impl Records {
                 map_names::HOSTPORTS | map_names::NAT => {}
                 map_names::SVC_FRONTENDS => m.entries = self.services.0 as u64,
                 map_names::SVC_BACKENDS => m.entries = self.services.1 as u64,
-                _ => m.entries = self.nodes as u64,
+                map_names::SOCK_NETNS => m.entries = self.pod_netns as u64,
+                map_names::ROUTES | map_names::PEERS => m.entries = self.nodes as u64,
+                _ => {}
             }
         }
         status.warnings = map_warnings(&status.maps);

@@ -309,7 +309,13 @@ impl Endpoints {
                 dp.remove_endpoint(ep.ip)?;
             }
             remove_hostports(dp, ep)?;
-            if let Some(cookie) = ep.netns_cookie {
+            // The namespace stays marked while another attachment (a second
+            // network of the same pod) lives in it.
+            if let Some(cookie) = ep.netns_cookie
+                && !self.by_ref.values().any(|other| {
+                    other.netns_cookie == Some(cookie) && other.reference() != ep.reference()
+                })
+            {
                 dp.remove_pod_netns(cookie)?;
             }
         }

@@ -110,7 +110,7 @@ pub fn print_table(response: &Response, show_all: bool) {
             println!("maps:");
             for m in &s.maps {
                 println!(
-                    "  {:<10} {:>8} of {:>8} entries  {:>7.1} MiB  refused when full: {}",
+                    "  {:<13} {:>8} of {:>8} entries  {:>7.1} MiB  refused when full: {}",
                     m.name,
                     m.entries,
                     m.capacity,
