@@ -307,7 +307,10 @@ fn plan_service(
     let endpoints = slice_endpoints(slices, node);
     let mut local_ready = 0;
     for port in spec.ports.iter().flatten() {
-        let Some(proto) = Proto::parse(port.protocol.as_deref()) else {
+        // SCTP is kept in the objects but not translated (the socket hooks
+        // and the uplink serve TCP and UDP).
+        let Some(proto) = Proto::parse(port.protocol.as_deref()).filter(|p| *p != Proto::Sctp)
+        else {
             continue;
         };
         let Ok(service_port) = u16::try_from(port.port) else {
