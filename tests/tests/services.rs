@@ -858,3 +858,89 @@ fn udp_to_a_removed_backend_is_moved_or_failed_not_stuck() {
         "the flow moved"
     );
 }
+
+/// Runs `rivetctl -o json monitor ARGS` on node `n` until it has printed
+/// its events (it stops by itself after `--count`), within 15 s.
+fn monitor(w: &World, n: usize, args: &[&str], traffic: impl FnOnce()) -> Vec<serde_json::Value> {
+    let mut child = Command::new(bin("rivetctl"))
+        .arg("--socket")
+        .arg(w.nodes[n].agent().socket())
+        .args(["-o", "json", "monitor"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rivetctl monitor");
+    // Subscribed once the agent has read the request.
+    std::thread::sleep(Duration::from_millis(500));
+    traffic();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "rivetctl monitor saw too few events: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(out.status.success(), "rivetctl monitor: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event json"))
+        .collect()
+}
+
+#[test]
+fn flow_and_drop_events_name_the_service() {
+    let mut s = setup();
+    let svc = service("named", "  type: NodePort\n").replace(
+        "    targetPort: http\n",
+        &format!("    targetPort: http\n    nodePort: {NODE_PORT}\n"),
+    );
+    s.apply_both(&svc, &s.slice_of("named", &[0]));
+    s.apply_both(
+        &service("none", "  type: NodePort\n")
+            .replace("10.96.0.10", "10.96.0.11")
+            .replace(
+                "    targetPort: http\n",
+                "    targetPort: http\n    nodePort: 30081\n",
+            )
+            .replace(
+                "    targetPort: 5353\n",
+                "    targetPort: 5353\n    nodePort: 30082\n",
+            ),
+        &slice("none", &[]),
+    );
+    s.w.add_outside();
+    let node1 = s.w.nodes[0].ip;
+    let outside = s.w.outside.as_ref().expect("outside");
+    // A NodePort connection from outside: its translated packets name the
+    // Service.
+    let events = monitor(
+        &s.w,
+        0,
+        &["--flows", "--reason", "fwd_svc", "--count", "1"],
+        || {
+            reach_tcp(outside, SocketAddr::from((node1, NODE_PORT))).expect("NodePort");
+        },
+    );
+    assert_eq!(events[0]["reason"], "fwd_svc", "{events:?}");
+    assert_eq!(events[0]["service"], "default/named:http", "{events:?}");
+    // A Service without backends: the drop names it.
+    let events = monitor(
+        &s.w,
+        0,
+        &["--reason", "svc_no_backend", "--count", "1"],
+        || {
+            let r = reach_tcp(outside, SocketAddr::from((node1, 30081)));
+            assert!(r.is_err(), "{r:?}");
+        },
+    );
+    assert_eq!(events[0]["service"], "default/none:http", "{events:?}");
+}

@@ -11,7 +11,7 @@
 use std::{
     net::Ipv4Addr,
     path::PathBuf,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -50,6 +50,8 @@ pub struct Events {
     names: Mutex<std::collections::HashMap<u32, Option<String>>>,
     /// Sampling rates the flow subscribers asked for (the finest wins).
     flow_wants: Mutex<Vec<u32>>,
+    /// Which Service an event is about (see [`ServiceNames`]).
+    services: std::sync::RwLock<Arc<ServiceNames>>,
     ring_pin: PathBuf,
     config_pin: PathBuf,
 }
@@ -86,6 +88,7 @@ impl Events {
             tx,
             names: Mutex::new(std::collections::HashMap::new()),
             flow_wants: Mutex::new(Vec::new()),
+            services: std::sync::RwLock::new(Arc::new(ServiceNames::default())),
             ring_pin,
             config_pin,
         };
@@ -154,6 +157,7 @@ impl Events {
                 }
                 let mut decoded = decode(&ev);
                 decoded.ifname = self.ifname(ev.ifindex);
+                decoded.service = self.service_of(&ev);
                 // No subscriber: the event is simply not kept.
                 let _ = self.tx.send(decoded);
             }
@@ -167,7 +171,71 @@ impl Events {
     }
 }
 
+/// Who serves what, for naming the Service of an event: frontends
+/// (address, port, IP protocol; address 0.0.0.0 for a NodePort) and
+/// backends, each to `namespace/name:port`. The agent replaces it after
+/// every change of the Services.
+#[derive(Debug, Default)]
+pub struct ServiceNames {
+    /// Frontends.
+    pub frontends: std::collections::HashMap<(Ipv4Addr, u16, u8), String>,
+    /// Backends (one name when several Services share a backend).
+    pub backends: std::collections::HashMap<(Ipv4Addr, u16, u8), String>,
+}
+
 impl Events {
+    /// Replaces the Service names events are labelled with.
+    pub fn set_service_names(&self, names: ServiceNames) {
+        let mut held = self
+            .services
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *held = Arc::new(names);
+    }
+
+    /// The Service an event is about: a frontend it was addressed to
+    /// (a NodePort's only for the Service counters), or — translated at the
+    /// uplink (`fwd_svc`, `rev_dnat`) — the backend it went to or came from.
+    fn service_of(&self, ev: &Event) -> Option<String> {
+        if ev.proto != 6 && ev.proto != 17 {
+            return None;
+        }
+        let names = Arc::clone(&self.services.read().unwrap_or_else(PoisonError::into_inner));
+        if names.frontends.is_empty() {
+            return None;
+        }
+        let addr = |a: u32| Ipv4Addr::from(ipv4_from_key(a));
+        let (src, dst) = (
+            (addr(ev.src), u16::from_be(ev.sport), ev.proto),
+            (addr(ev.dst), u16::from_be(ev.dport), ev.proto),
+        );
+        let counter = Counter::from_index(u32::from(ev.counter));
+        let svc_counter = matches!(
+            counter,
+            Some(Counter::FwdSvc | Counter::DropSvcNoBackend | Counter::DropSvcBackendUnreachable)
+        );
+        let translated = matches!(counter, Some(Counter::FwdSvc | Counter::RevDnat));
+        names
+            .frontends
+            .get(&dst)
+            .or_else(|| {
+                svc_counter
+                    .then(|| names.frontends.get(&(Ipv4Addr::UNSPECIFIED, dst.1, dst.2)))
+                    .flatten()
+            })
+            .or_else(|| {
+                translated
+                    .then(|| {
+                        names
+                            .backends
+                            .get(&dst)
+                            .or_else(|| names.backends.get(&src))
+                    })
+                    .flatten()
+            })
+            .cloned()
+    }
+
     /// The (cached) name of interface `index`; a miss is looked up again.
     fn ifname(&self, index: u32) -> Option<String> {
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
@@ -231,6 +299,7 @@ pub fn decode(ev: &Event) -> MonitorEvent {
         reason,
         ifindex: ev.ifindex,
         ifname: None,
+        service: None,
         proto,
         src,
         dst,

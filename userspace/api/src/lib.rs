@@ -360,6 +360,10 @@ pub struct MonitorEvent {
     pub ifindex: u32,
     /// Its name on the node, if it still exists.
     pub ifname: Option<String>,
+    /// The Service it is about (`namespace/name:port`), when it was
+    /// addressed to a Service frontend or translated to or from a backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// `tcp`, `udp`, `icmp`, another number, or empty (not IPv4).
     pub proto: String,
     /// Source (`addr:port`, `addr` for ICMP).

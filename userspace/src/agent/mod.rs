@@ -385,6 +385,8 @@ impl Agent {
             health,
             _lock: lock,
         };
+        let names = services::names_of(agent.state.lock().await.services.current());
+        agent.events.set_service_names(names);
         if let Err(e) = agent.refresh_status().await {
             tracing::warn!(error = %e, "gathering the status");
         }

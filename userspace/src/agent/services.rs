@@ -17,6 +17,7 @@ use rivet_common::ipv4_key;
 use crate::{
     datapath::Datapath,
     endpoint::Endpoints,
+    events::ServiceNames,
     netlink::{netns, sock_diag},
     objects::ObjectSet,
     services::{Backend, Changes, NodeView, Plan, ServiceError, Services},
@@ -49,6 +50,38 @@ pub(super) fn sync(
     let changes = services.sync(dp, plan)?;
     tracing::debug!(?changes, "services synced");
     Ok(changes)
+}
+
+/// The names events are labelled with: every frontend and backend of
+/// `plan` → `namespace/name:port`.
+pub(super) fn names_of(plan: &Plan) -> ServiceNames {
+    let mut names = ServiceNames::default();
+    for (gk, backends) in &plan.groups {
+        let p = &gk.port;
+        let name = if p.port_name.is_empty() {
+            format!("{}/{}", p.namespace, p.name)
+        } else {
+            format!("{}/{}:{}", p.namespace, p.name, p.port_name)
+        };
+        for b in backends {
+            names
+                .backends
+                .entry((b.addr, b.port, p.proto.number()))
+                .or_insert_with(|| name.clone());
+        }
+    }
+    for (fk, fe) in &plan.frontends {
+        let p = &fe.group.port;
+        let name = if p.port_name.is_empty() {
+            format!("{}/{}", p.namespace, p.name)
+        } else {
+            format!("{}/{}:{}", p.namespace, p.name, p.port_name)
+        };
+        names
+            .frontends
+            .insert((fk.addr, fk.port, fk.proto.number()), name);
+    }
+    names
 }
 
 /// UDP backends that left their Services: the uplink flows held by them
@@ -141,6 +174,8 @@ impl Agent {
         if !changes.removed_udp.is_empty() {
             move_udp_off(state, &changes.removed_udp);
         }
+        self.events
+            .set_service_names(names_of(state.services.current()));
         Ok(changes)
     }
 

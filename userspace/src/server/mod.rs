@@ -237,6 +237,7 @@ async fn stream_events(
                 reason: String::new(),
                 ifindex: 0,
                 ifname: None,
+                service: None,
                 proto: String::new(),
                 src: String::new(),
                 dst: String::new(),

@@ -57,13 +57,17 @@ fn monitor_line(e: &rivet_api::MonitorEvent) -> String {
                 .map_or_else(String::new, |t| format!(" type/code {t}"))
         )
     };
+    let service = e
+        .service
+        .as_ref()
+        .map_or_else(String::new, |s| format!("  service {s}"));
     let lost = if e.lost > 0 {
         format!("  ({} earlier events lost)", e.lost)
     } else {
         String::new()
     };
     format!(
-        "{when} {:<4} {:<22} {:<22} {what} len {}{lost}",
+        "{when} {:<4} {:<22} {:<22} {what} len {}{service}{lost}",
         e.kind.to_uppercase(),
         e.reason,
         iface,
