@@ -508,8 +508,13 @@ fn tell_peer_tcp(ns: &Netns, port: u16) {
 fn no_iptables_or_nftables_rule_on_the_nodes() {
     let s = setup();
     s.apply_both(&service("web", ""), &s.slice_of("web", &[0, 1, 2]));
-    for n in 0..2 {
-        let ns = &s.w.nodes[n].ns;
+    let namespaces: Vec<&Netns> =
+        s.w.nodes
+            .iter()
+            .map(|n| &n.ns)
+            .chain(s.w.pods.iter().map(|p| &p.ns))
+            .collect();
+    for (n, ns) in namespaces.into_iter().enumerate() {
         let out = ns.output("nft", &["list", "ruleset"]);
         assert!(out.status.success(), "nft list ruleset: {out:?}");
         let rules = String::from_utf8_lossy(&out.stdout);
@@ -521,7 +526,11 @@ fn no_iptables_or_nftables_rule_on_the_nodes() {
         assert!(out.status.success(), "iptables-save: {out:?}");
         let text = String::from_utf8_lossy(&out.stdout);
         let rules: Vec<&str> = text.lines().filter(|l| l.starts_with("-A")).collect();
-        assert!(rules.is_empty(), "iptables rules on node {n}: {rules:?}");
+        assert!(
+            rules.is_empty(),
+            "iptables rules in {} ({n}): {rules:?}",
+            ns.name()
+        );
     }
 }
 
@@ -706,6 +715,16 @@ fn a_change_the_maps_cannot_hold_is_refused_whole() {
     assert!(ok, "{text}");
     let list: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(list["items"].as_array().map(Vec::len), Some(16), "{text}");
+    // The refusal is counted and shown.
+    let (ok, text) = rivetctl(&w, n, &["-o", "json", "status"], "");
+    assert!(ok, "{text}");
+    let status: serde_json::Value = serde_json::from_str(&text).expect("status json");
+    let frontends = status["maps"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "SVC_FRONTENDS"))
+        .unwrap_or_else(|| panic!("no SVC_FRONTENDS in {status}"));
+    assert_eq!(frontends["full_refusals"], 1, "{frontends}");
+    assert_eq!(frontends["entries"], 16, "{frontends}");
 }
 
 #[test]
@@ -943,4 +962,31 @@ fn flow_and_drop_events_name_the_service() {
         },
     );
     assert_eq!(events[0]["service"], "default/none:http", "{events:?}");
+}
+
+#[test]
+fn internal_traffic_policy_local_keeps_pods_on_their_node() {
+    let s = setup();
+    s.apply_both(
+        &service("itp", "  internalTrafficPolicy: Local\n"),
+        &s.slice_of("itp", &[0, 1, 2]),
+    );
+    let ips = s.backend_ips();
+    let dst = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    // Node 1's pod only ever reaches node 1's backends (0 and 1), node 2's
+    // pod only node 2's (2).
+    let mut seen = [BTreeMap::new(), BTreeMap::new()];
+    for (i, &c) in s.clients.iter().enumerate() {
+        for k in 0..60 {
+            let (b, _) = reach_tcp(&s.w.pods[c].ns, dst)
+                .unwrap_or_else(|e| panic!("client {i} connection {k}: {e}"));
+            *seen[i].entry(b).or_insert(0u32) += 1;
+        }
+    }
+    let node1: Vec<Ipv4Addr> = seen[0].keys().copied().collect();
+    let node2: Vec<Ipv4Addr> = seen[1].keys().copied().collect();
+    let mut want1 = vec![ips[0], ips[1]];
+    want1.sort();
+    assert_eq!(node1, want1, "node 1's pod: {:?}", seen[0]);
+    assert_eq!(node2, vec![ips[2]], "node 2's pod: {:?}", seen[1]);
 }

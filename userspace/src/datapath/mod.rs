@@ -28,7 +28,7 @@ use rivet_common::{MAPS, MapSizing};
 
 pub use self::{
     attach::{LinkState, PROGRAMS, TC_HANDLE, TC_PRIORITY, links},
-    maps::{SIZED_MAPS, map_full_counts},
+    maps::{SIZED_MAPS, map_full_counts, note_map_full},
     object::{OBJECT, ObjectInfo, load_verified, object_hash, object_stamp},
 };
 use self::{

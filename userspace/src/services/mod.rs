@@ -73,9 +73,14 @@ impl Services {
         plan::plan(services, slices, node)
     }
 
-    /// Whether the maps can hold `plan` (nothing written).
+    /// Whether the maps can hold `plan` (nothing written). A refusal is
+    /// counted as the map's (`rivet_map_full_refusals_total`, status).
     pub fn check(&self, plan: &Plan) -> Result<(), ServiceError> {
-        self.synced.check(plan)
+        let checked = self.synced.check(plan);
+        if let Err(ServiceError::Full { map, .. }) = &checked {
+            crate::datapath::note_map_full(map);
+        }
+        checked
     }
 
     /// Makes the maps hold `plan`, and the endpoint flags of the backends

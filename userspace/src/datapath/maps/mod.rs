@@ -92,6 +92,14 @@ pub fn map_full_counts() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
+/// Counts an entry refused for map `name` before it reached the map (a
+/// change checked against the capacity and refused whole).
+pub fn note_map_full(name: &str) {
+    if let Some(i) = SIZED_MAPS.iter().position(|(n, _)| *n == name) {
+        MAP_FULL[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// An insert's error: a full map (E2BIG from hash maps, ENOSPC from LPM
 /// tries) becomes [`DatapathError::MapFull`] and is counted.
 pub(in crate::datapath) fn insert_err<'a>(
