@@ -60,6 +60,14 @@ const MEASURED_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 10);
 const IPERF_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 11);
 /// The N at which one Service's apply-to-answer time is measured.
 const UPDATE_N: usize = 10_000;
+/// Up to this N the iptables variant is programmed with kube-proxy's own
+/// `iptables-restore --noflush` (iptables-nft 1.8.9 takes it in time
+/// growing with N²: 0.7 s at 1,000 Services, 68 s at 10,000, so minutes
+/// beyond); above, with the same rules in one restore without --noflush.
+const NOFLUSH_MAX: usize = 10_000;
+/// One-more-Service samples of the iptables variant at N ≥ this (each is a
+/// `--noflush` restore of every chain: over a minute at 10,000).
+const IPT_SLOW_N: usize = 5_000;
 /// kube-proxy's masquerade mark.
 const MASQ_MARK: &str = "0x4000";
 /// Pod subnets of the two kube-proxy nodes (ptp + host-local).
@@ -382,21 +390,57 @@ fn iptables_base() -> String {
 /// flushes it) and filled, the Services' rules in `svcs`' order, the
 /// NodePort jump last in KUBE-SERVICES; `stale` Services' chains flushed
 /// and deleted.
-fn iptables_sync(svcs: &[Svc], stale: &[Svc], cluster_cidr: &str) -> String {
+///
+/// `full`: the same rules as one restore without `--noflush` (both tables
+/// replaced whole, the built-in chains' jumps included) — what
+/// [`iptables_base`] and these rules together leave, loaded in one step.
+fn iptables_sync(svcs: &[Svc], stale: &[Svc], cluster_cidr: &str, full: bool) -> String {
     let mut chains = String::new();
     let mut rules = String::new();
+    let base = full.then(iptables_base);
+    let base_part = |table: &str| -> (String, String) {
+        // (declarations, rules) of `table` in the base.
+        let Some(b) = &base else {
+            return (String::new(), String::new());
+        };
+        let section = b
+            .split("COMMIT\n")
+            .find(|s| s.starts_with(&format!("*{table}\n")))
+            .unwrap_or_default();
+        let decl = section
+            .lines()
+            .filter(|l| l.starts_with(':') && l.contains(" ACCEPT "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let jumps = section
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        (decl, jumps)
+    };
+    let (filter_decl, filter_jumps) = base_part("filter");
+    let (nat_decl, nat_jumps) = base_part("nat");
+    chains.push_str("*filter\n");
+    chains.push_str(&filter_decl);
     chains.push_str(
-        "*filter\n:KUBE-NODEPORTS - [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n\
-         -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n",
+        ":KUBE-NODEPORTS - [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n",
     );
+    chains.push_str(&filter_jumps);
+    chains.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
     let _ = writeln!(
         chains,
         "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"
     );
     chains.push_str(
         "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\nCOMMIT\n\
-         *nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
+         *nat\n",
     );
+    chains.push_str(&nat_decl);
+    chains.push_str(
+        ":KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
+    );
+    rules.push_str(&nat_jumps);
     let _ = writeln!(
         rules,
         "-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN\n\
@@ -968,15 +1012,31 @@ fn program(ctx: &Ctx, v: Var, svcs: &[Svc], applied: &mut Applied, notes: &mut V
                 .filter(|s| !svcs.iter().any(|n| n.name == s.name))
                 .cloned()
                 .collect();
-            let rules = iptables_sync(svcs, &stale, &ctx.cluster_cidr(v));
-            let ms = feed(
+            let cidr = ctx.cluster_cidr(v);
+            // kube-proxy's own form, where it finishes in minutes.
+            let ms = (svcs.len() <= NOFLUSH_MAX + 2).then(|| {
+                let rules = iptables_sync(svcs, &stale, &cidr, false);
+                feed(
+                    ctx.node_ns(v),
+                    "iptables-restore",
+                    &["--noflush", "--counters"],
+                    &rules,
+                )
+            });
+            // The same rules replacing both tables in one restore.
+            let full = feed(
                 ctx.node_ns(v),
                 "iptables-restore",
-                &["--noflush", "--counters"],
-                &rules,
+                &[],
+                &iptables_sync(svcs, &[], &cidr, true),
             );
+            notes.push(format!(
+                "iptables: {} Services: kube-proxy's `iptables-restore --noflush --counters` {}; the same rules without --noflush (both tables replaced) {full:.0} ms",
+                svcs.len(),
+                ms.map_or_else(|| "not run (projected from the smaller sizes: minutes)".to_owned(), |ms| format!("{ms:.0} ms"))
+            ));
             applied.ipt = svcs.to_vec();
-            ms
+            ms.unwrap_or(f64::NAN)
         }
         Var::Nft => feed(
             ctx.node_ns(v),
@@ -1166,6 +1226,9 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             report.better.insert(apply_metric.clone(), "lower".into());
             for k in 0..update_samples {
                 for v in crate::rotated(&VARIANTS, k) {
+                    if v == Var::Ipt && n >= IPT_SLOW_N && k >= 2 {
+                        continue;
+                    }
                     step(&format!(
                         "N={n} one more Service {}/{update_samples} {}",
                         k + 1,
@@ -1189,7 +1252,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                             // chain on a change.
                             let mut all = applied.ipt.clone();
                             all.push(svc);
-                            let rules = iptables_sync(&all, &[], &ctx.cluster_cidr(v));
+                            let rules = iptables_sync(&all, &[], &ctx.cluster_cidr(v), false);
                             let ns = ctx.node_ns(v);
                             let t = time_to_answer(ctx.pod(v, 2), dst, || {
                                 apply_ms = feed(
@@ -1221,7 +1284,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             }
             probes += update_samples;
             notes.push(format!(
-                "one_service_visible_ms_n{n}: {update_samples} Services added one at a time on top of the N (interleaved, rotated); from the start of the change (rivet: `rivetctl apply -f -` of the Service + its EndpointSlice, process start included; iptables: a full `iptables-restore --noflush` of every kube-proxy chain, as its iptables mode does on any change; nftables: one `nft -f` adding the Service's chains and map elements, as its nftables mode does) to the first connection answered from the client pod, which meanwhile tries every ≤ 5 ms (connect timeout 5 ms); one_service_apply_ms: the change's command alone. p99 (all samples): {}",
+                "one_service_visible_ms_n{n}: {update_samples} Services added one at a time on top of the N (interleaved, rotated); from the start of the change (rivet: `rivetctl apply -f -` of the Service + its EndpointSlice, process start included; iptables: a full `iptables-restore --noflush` of every kube-proxy chain, as its iptables mode does on any change; nftables: one `nft -f` adding the Service's chains and map elements, as its nftables mode does) to the first connection answered from the client pod, which meanwhile tries every ≤ 5 ms (connect timeout 5 ms); one_service_apply_ms: the change's command alone; iptables takes 2 samples at N ≥ {IPT_SLOW_N} (each restore lasts over a minute at 10,000). p99 (all samples): {}",
                 VARIANTS
                     .iter()
                     .map(|v| format!(
@@ -1450,7 +1513,16 @@ mod tests {
     #[test]
     fn iptables_rules_put_the_measured_service_last() {
         let set = service_set(3, &two(), "n1");
-        let rules = iptables_sync(&set, &[], "10.1.0.0/24");
+        let rules = iptables_sync(&set, &[], "10.1.0.0/24", false);
+        let full = iptables_sync(&set, &[], "10.1.0.0/24", true);
+        assert!(full.contains("*nat\n:PREROUTING ACCEPT [0:0]\n"), "{full}");
+        assert!(full.contains(
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        ));
+        assert!(full.contains(
+            "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD"
+        ));
+        assert!(!rules.contains("-A PREROUTING"));
         let services: Vec<&str> = rules
             .lines()
             .filter(|l| l.starts_with("-A KUBE-SERVICES"))
