@@ -23,6 +23,10 @@ struct Args {
     /// Pods per CNI measurement.
     #[arg(long, default_value_t = 100)]
     pods: usize,
+    /// services: only the numbers of Services up to this one (the peers'
+    /// programming grows with N²: minutes per restore beyond 10,000).
+    #[arg(long)]
+    max_services: Option<usize>,
     /// Smoke run: fewer, shorter samples.
     #[arg(long)]
     quick: bool,
@@ -120,14 +124,19 @@ fn main() {
                 bench::control::run(&opts, if args.quick { &[2, 5] } else { &[2, 5, 10] })
             }
             // A smoke run: 1 and 1,000 Services.
-            Which::Services => bench::services::run(
-                &opts,
-                if args.quick {
+            Which::Services => {
+                let sizes: &[usize] = if args.quick {
                     &[1, 1000]
                 } else {
                     &[1, 1000, 10_000, 30_000]
-                },
-            ),
+                };
+                let sizes: Vec<usize> = sizes
+                    .iter()
+                    .copied()
+                    .filter(|&n| args.max_services.is_none_or(|m| n <= m))
+                    .collect();
+                bench::services::run(&opts, &sizes)
+            }
             Which::Nat => bench::nat::run(
                 &opts,
                 // Every size up to 10k in a smoke run too, with short

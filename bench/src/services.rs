@@ -929,7 +929,8 @@ fn time_to_answer(ns: &Netns, dst: SocketAddr, change: impl FnOnce()) -> Option<
     std::thread::scope(|scope| {
         let prober = scope.spawn(|| {
             ns.exec(move || {
-                let deadline = Instant::now() + Duration::from_secs(60);
+                // iptables-restore alone takes over a minute at 10,000.
+                let deadline = Instant::now() + Duration::from_secs(600);
                 while Instant::now() < deadline {
                     let Ok(mut c) = TcpStream::connect_timeout(&dst, Duration::from_millis(5))
                     else {
