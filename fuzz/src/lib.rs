@@ -139,6 +139,7 @@ pub fn endpoint(container_id: &str, ifname: &str, ip: Ipv4Addr) -> Endpoint {
         bandwidth: None,
         routes: Vec::new(),
         created: 1,
+        netns_cookie: None,
     }
 }
 
