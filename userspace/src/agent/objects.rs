@@ -16,6 +16,25 @@ fn ms_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Documents at least this long are followed by a heap trim.
+const TRIM_AFTER_BYTES: usize = 1 << 20;
+
+/// Hands the heap's free memory back to the system when dropped: parsing a
+/// large document (10,000 Services: 13 MB of JSON, a few hundred MB of
+/// transient trees) leaves glibc holding it, and the agent's resident size
+/// would stay at that peak (383 MiB measured, 108 MiB after a restart).
+struct TrimHeap;
+
+impl Drop for TrimHeap {
+    fn drop(&mut self) {
+        // SAFETY: malloc_trim only returns free heap pages to the kernel;
+        // it touches no live allocation and is thread-safe in glibc.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, message)
 }
@@ -62,6 +81,7 @@ impl Agent {
     /// invalid or the check refuses the change, none.
     pub async fn apply_objects(&self, document: String) -> Result<Vec<ObjectResult>, ApiError> {
         let started = Instant::now();
+        let _trim = (document.len() >= TRIM_AFTER_BYTES).then_some(TrimHeap);
         let parsed = parse_aside(move || objects::parse_document(&document)).await?;
         if parsed.is_empty() {
             return Err(bad("no objects passed to apply"));
@@ -97,6 +117,7 @@ impl Agent {
         document: String,
         ignore_not_found: bool,
     ) -> Result<Vec<ObjectResult>, ApiError> {
+        let _trim = (document.len() >= TRIM_AFTER_BYTES).then_some(TrimHeap);
         let keys = parse_aside(move || objects::parse_keys(&document)).await?;
         if keys.is_empty() {
             return Err(bad("no objects passed to delete"));
