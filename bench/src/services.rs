@@ -924,7 +924,7 @@ fn udp_round_trips(ns: &Netns, dst: SocketAddr, time: Duration) -> (Vec<f64>, us
 
 /// Runs `change` while `ns` tries to reach `dst` (a connect with a 5 ms
 /// timeout, then a 1-byte exchange, again and again): ms from the
-/// change's start to the first answered connection (None after 60 s).
+/// change's start to the first answered connection (None after 600 s).
 fn time_to_answer(ns: &Netns, dst: SocketAddr, change: impl FnOnce()) -> Option<f64> {
     std::thread::scope(|scope| {
         let prober = scope.spawn(|| {
