@@ -325,8 +325,14 @@ impl Agent {
                 backends: cfg.limits.service_backends,
             },
         )?;
-        let plan = services::plan_for(&cfg.node_name, &endpoints, objects.objects());
-        match services::sync(&mut services, &mut dp, plan) {
+        match services::update(
+            &mut services,
+            &mut dp,
+            &cfg.node_name,
+            &endpoints,
+            objects.objects(),
+            false,
+        ) {
             Ok(changes) => tracing::info!(?changes, "services synced from the stored objects"),
             Err(e) => tracing::error!(error = %e, "the stored Services are not in the datapath"),
         }

@@ -28,26 +28,23 @@ const IPPROTO_UDP: u8 = 17;
 
 use super::{Agent, NodeState};
 
-/// The plan of `objects`' Services on node `node_name` with these pods.
-pub(super) fn plan_for(node_name: &str, endpoints: &Endpoints, objects: &ObjectSet) -> Plan {
-    let pods: HashSet<Ipv4Addr> = endpoints.list().iter().map(|e| e.ip).collect();
-    let is_local_pod = |ip: Ipv4Addr| pods.contains(&ip);
-    let node = NodeView {
-        name: node_name,
-        is_local_pod: &is_local_pod,
-    };
-    Services::plan(objects.services(), objects.endpoint_slices(), &node)
-}
-
-/// Checks `plan` against the maps' capacity and writes it; nothing is
-/// written when it does not fit.
-pub(super) fn sync(
+/// Makes the Service maps hold `objects`' Services on node `node_name`
+/// with these pods (see [`Services::update`]).
+pub(super) fn update(
     services: &mut Services,
     dp: &mut Datapath,
-    plan: Plan,
+    node_name: &str,
+    endpoints: &Endpoints,
+    objects: &ObjectSet,
+    pods_changed: bool,
 ) -> Result<Changes, ServiceError> {
-    services.check(&plan)?;
-    let changes = services.sync(dp, plan)?;
+    let pods: HashSet<Ipv4Addr> = endpoints.list().iter().map(|e| e.ip).collect();
+    let by_address = |ip: Ipv4Addr| pods.contains(&ip);
+    let node = NodeView {
+        name: node_name,
+        is_local_pod: &by_address,
+    };
+    let changes = services.update(dp, objects, &node, pods_changed)?;
     tracing::debug!(?changes, "services synced");
     Ok(changes)
 }
@@ -168,14 +165,39 @@ impl Agent {
         state: &mut NodeState,
         objects: &ObjectSet,
     ) -> Result<Changes, ServiceError> {
-        let plan = plan_for(&self.cfg.node_name, &state.endpoints, objects);
-        let NodeState { dp, services, .. } = state;
-        let changes = sync(services, dp, plan)?;
+        self.update_services(state, Some(objects), false)
+    }
+
+    /// [`update`] with the staged objects, or the stored ones.
+    fn update_services(
+        &self,
+        state: &mut NodeState,
+        staged: Option<&ObjectSet>,
+        pods_changed: bool,
+    ) -> Result<Changes, ServiceError> {
+        let NodeState {
+            dp,
+            services,
+            endpoints,
+            objects: store,
+            ..
+        } = state;
+        let objects = staged.unwrap_or_else(|| store.objects());
+        let changes = update(
+            services,
+            dp,
+            &self.cfg.node_name,
+            endpoints,
+            objects,
+            pods_changed,
+        )?;
         if !changes.removed_udp.is_empty() {
             move_udp_off(state, &changes.removed_udp);
         }
-        self.events
-            .set_service_names(names_of(state.services.current()));
+        if changes != Changes::default() {
+            self.events
+                .set_service_names(names_of(state.services.current()));
+        }
         Ok(changes)
     }
 
@@ -185,14 +207,10 @@ impl Agent {
     /// at a backend's address gets its endpoint flag from the datapath's
     /// set. A failure is logged: the pod's own change stands.
     pub fn pods_changed(&self, state: &mut NodeState) {
-        let objects = state.objects.objects().clone();
-        let by_address = objects
-            .endpoint_slices()
-            .any(|s| s.endpoints.iter().any(|e| e.node_name.is_none()));
-        if !by_address {
+        if !state.services.placed_by_address() {
             return;
         }
-        if let Err(e) = self.sync_services(state, &objects) {
+        if let Err(e) = self.update_services(state, None, true) {
             tracing::warn!(error = %e, "services not synced after a pod change");
         }
     }

@@ -416,6 +416,17 @@ impl ObjectSet {
         namespace: &'a str,
         name: &'a str,
     ) -> impl Iterator<Item = &'a EndpointSlice> {
+        self.slice_objects_of_service(namespace, name)
+            .filter_map(|o| o.as_endpoint_slice())
+    }
+
+    /// [`Self::slices_of_service`] as the stored objects (an unchanged
+    /// object keeps its `Arc` from one set to the next).
+    pub fn slice_objects_of_service<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Object>> {
         self.by_service
             .range((namespace.to_owned(), name.to_owned(), String::new())..)
             .take_while(move |(ns, svc, _)| ns == namespace && svc == name)
@@ -426,7 +437,6 @@ impl ObjectSet {
                     slice.as_str(),
                 ))
             })
-            .filter_map(|o| o.as_endpoint_slice())
     }
 
     /// The Namespaces.

@@ -256,6 +256,23 @@ pub fn plan<'a>(
     out
 }
 
+/// The plan of one Service with its slices (those of another address
+/// type are skipped).
+pub fn plan_one(svc: &Service, slices: &[&EndpointSlice], node: &NodeView<'_>) -> Plan {
+    let mut out = Plan::default();
+    let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(name) = svc.metadata.name.as_deref() else {
+        return out;
+    };
+    let slices: Vec<&EndpointSlice> = slices
+        .iter()
+        .copied()
+        .filter(|s| s.address_type == "IPv4")
+        .collect();
+    plan_service(svc, ns, name, &slices, node, &mut out);
+    out
+}
+
 fn plan_service(
     svc: &Service,
     ns: &str,

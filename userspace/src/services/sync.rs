@@ -48,6 +48,13 @@ pub struct Synced {
     orphans: BTreeMap<u32, Vec<Backend>>,
     marks: BTreeSet<Ipv4Addr>,
     ids: BTreeMap<PortRef, u32>,
+    /// The ids in `ids`.
+    used_ids: BTreeSet<u32>,
+    /// No id below this one is free.
+    free_from: u32,
+    /// Ids read back at start, by the Service port that had them (during
+    /// the first apply).
+    found_port_ids: BTreeMap<PortRef, u32>,
     /// Ids read back at start, by a frontend that had them.
     found_ids: BTreeMap<FrontendKey, u32>,
     next_group: u32,
@@ -61,6 +68,18 @@ pub struct Capacity {
     pub frontends: u32,
     /// SVC_BACKENDS.
     pub backends: u32,
+}
+
+/// Where a plan may differ from what the maps hold: the entries to look
+/// at (each is written, rewritten or removed as the plan says).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Frontends.
+    pub frontends: BTreeSet<FrontendKey>,
+    /// Backend groups.
+    pub groups: BTreeSet<GroupKey>,
+    /// Addresses marked as holding external frontends.
+    pub markers: BTreeSet<Ipv4Addr>,
 }
 
 /// What an apply changed.
@@ -164,8 +183,16 @@ impl Synced {
     }
 
     /// Refuses a plan the maps cannot hold, before anything is written.
-    pub fn check(&self, plan: &Plan) -> Result<(), ServiceError> {
-        let frontends = plan.frontends.len() + plan.external_addrs.len();
+    /// `backends` is the sum of the plan's group sizes and `largest` the
+    /// largest group about to be written (a group is replaced by writing
+    /// its successor first); `ports` the Service ports.
+    pub fn check_counts(
+        &self,
+        frontends: usize,
+        backends: usize,
+        largest: usize,
+        ports: usize,
+    ) -> Result<(), ServiceError> {
         if frontends > self.capacity.frontends as usize {
             return Err(ServiceError::Full {
                 map: rivet_common::map_names::SVC_FRONTENDS,
@@ -174,9 +201,6 @@ impl Synced {
                 capacity: self.capacity.frontends,
             });
         }
-        let backends: usize = plan.groups.values().map(Vec::len).sum();
-        let largest = plan.groups.values().map(Vec::len).max().unwrap_or(0);
-        // A group is replaced by writing its successor first.
         let needed = backends + largest;
         if needed > self.capacity.backends as usize {
             return Err(ServiceError::Full {
@@ -186,47 +210,69 @@ impl Synced {
                 capacity: self.capacity.backends,
             });
         }
-        let ports: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
-        if ports.len() > self.capacity.frontends as usize {
+        if ports > self.capacity.frontends as usize {
             return Err(ServiceError::Full {
                 map: rivet_common::map_names::SVC_STATS,
                 key: "max_services",
-                needed: ports.len(),
+                needed: ports,
                 capacity: self.capacity.frontends,
             });
         }
         Ok(())
     }
 
-    /// The id of every Service port of `plan`: kept, read back, or new.
-    fn assign_ids(&mut self, dp: &mut Datapath, plan: &Plan) -> Result<(), ServiceError> {
-        let wanted: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
-        self.ids.retain(|p, _| wanted.contains(p));
-        let mut used: BTreeSet<u32> = self.ids.values().copied().collect();
-        if !self.found_ids.is_empty() {
-            for (fk, fe) in &plan.frontends {
-                if let Some(id) = self.found_ids.get(fk)
-                    && !self.ids.contains_key(&fe.group.port)
-                    && used.insert(*id)
-                {
-                    self.ids.insert(fe.group.port.clone(), *id);
+    /// [`Self::check_counts`] of a whole plan.
+    pub fn check(&self, plan: &Plan) -> Result<(), ServiceError> {
+        let ports: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
+        self.check_counts(
+            plan.frontends.len() + plan.external_addrs.len(),
+            plan.groups.values().map(Vec::len).sum(),
+            plan.groups.values().map(Vec::len).max().unwrap_or(0),
+            ports.len(),
+        )
+    }
+
+    /// The id of a Service port of `plan` that needs one: kept, read back
+    /// (a frontend that had it at start), or the lowest free one (its
+    /// counters zeroed).
+    fn assign_id(&mut self, dp: &mut Datapath, port: &PortRef) -> Result<(), ServiceError> {
+        if self.ids.contains_key(port) {
+            return Ok(());
+        }
+        let found = self
+            .found_port_ids
+            .get(port)
+            .copied()
+            .filter(|id| !self.used_ids.contains(id));
+        let id = match found {
+            Some(id) => id,
+            None => {
+                let mut next = self.free_from;
+                while self.used_ids.contains(&next) {
+                    next += 1;
                 }
+                self.free_from = next + 1;
+                dp.reset_service_counters(next)?;
+                next
             }
-            self.found_ids.clear();
-        }
-        let mut next = 0u32;
-        for port in wanted {
-            if self.ids.contains_key(port) {
-                continue;
-            }
-            while used.contains(&next) {
-                next += 1;
-            }
-            dp.reset_service_counters(next)?;
-            used.insert(next);
-            self.ids.insert(port.clone(), next);
-        }
+        };
+        self.used_ids.insert(id);
+        self.ids.insert(port.clone(), id);
         Ok(())
+    }
+
+    /// Frees the id of a Service port no group of `plan` has any more.
+    fn release_id(&mut self, plan: &Plan, port: &PortRef) {
+        let held = [true, false].iter().any(|&local_only| {
+            plan.groups.contains_key(&GroupKey {
+                port: port.clone(),
+                local_only,
+            })
+        });
+        if !held && let Some(id) = self.ids.remove(port) {
+            self.used_ids.remove(&id);
+            self.free_from = self.free_from.min(id);
+        }
     }
 
     /// The id of a Service port (after an apply).
@@ -254,11 +300,74 @@ impl Synced {
         out
     }
 
-    /// Makes the maps hold `plan`.
+    /// Makes the maps hold `plan`, looking at every entry (start-up).
     pub fn apply(&mut self, dp: &mut Datapath, plan: &Plan) -> Result<Changes, ServiceError> {
         self.check(plan)?;
-        self.assign_ids(dp, plan)?;
+        let delta = Delta {
+            frontends: plan
+                .frontends
+                .keys()
+                .chain(self.frontends.keys())
+                .copied()
+                .collect(),
+            groups: plan
+                .groups
+                .keys()
+                .chain(self.groups.keys())
+                .cloned()
+                .collect(),
+            markers: plan
+                .external_addrs
+                .iter()
+                .chain(self.marks.iter())
+                .copied()
+                .collect(),
+        };
+        // Ids read back at start, by the Service port of a frontend that
+        // had them.
+        for (fk, fe) in &plan.frontends {
+            if let Some(id) = self.found_ids.get(fk) {
+                self.found_port_ids
+                    .entry(fe.group.port.clone())
+                    .or_insert(*id);
+            }
+        }
+        let changes = self.apply_delta(dp, plan, &delta)?;
+        self.found_port_ids.clear();
+        // Groups read back at start that no frontend took over.
+        for (id, slots) in std::mem::take(&mut self.orphans) {
+            for slot in 0..slots.len() {
+                dp.remove_backend(SvcBackendKey {
+                    group: id,
+                    slot: slot as u32,
+                })?;
+            }
+        }
+        self.found_ids.clear();
+        Ok(changes)
+    }
+
+    /// Makes the maps hold `plan` where `delta` says it may differ from
+    /// what they hold (the caller checked the capacity).
+    pub fn apply_delta(
+        &mut self,
+        dp: &mut Datapath,
+        plan: &Plan,
+        delta: &Delta,
+    ) -> Result<Changes, ServiceError> {
         let mut changes = Changes::default();
+        let ports: BTreeSet<&PortRef> = delta.groups.iter().map(|g| &g.port).collect();
+        for port in &ports {
+            if plan.groups.contains_key(&GroupKey {
+                port: (*port).clone(),
+                local_only: false,
+            }) || plan.groups.contains_key(&GroupKey {
+                port: (*port).clone(),
+                local_only: true,
+            }) {
+                self.assign_id(dp, port)?;
+            }
+        }
         // The frontends of each group (for groups read back at start).
         let mut users: BTreeMap<&GroupKey, Vec<&FrontendKey>> = BTreeMap::new();
         if !self.orphans.is_empty() {
@@ -268,7 +377,10 @@ impl Synced {
         }
         // 1. Groups: new or changed ones under a fresh id.
         let mut retired: Vec<(u32, usize)> = Vec::new();
-        for (gk, backends) in &plan.groups {
+        for gk in &delta.groups {
+            let Some(backends) = plan.groups.get(gk) else {
+                continue;
+            };
             let old = self.groups.get(gk);
             if old.is_some_and(|w| {
                 let a: BTreeSet<&Backend> = w.slots.iter().collect();
@@ -308,8 +420,16 @@ impl Synced {
                 retired.push((w.id, w.slots.len()));
             }
         }
-        // 2. Frontends: new or changed, pointing at their group.
-        for (fk, fe) in &plan.frontends {
+        // 2. Frontends: new or changed, pointing at their group; gone ones
+        //    removed before their groups.
+        for fk in &delta.frontends {
+            let Some(fe) = plan.frontends.get(fk) else {
+                if self.frontends.remove(fk).is_some() {
+                    dp.remove_frontend(to_key(fk))?;
+                    changes.frontends_removed += 1;
+                }
+                continue;
+            };
             let Some(group) = self.groups.get(&fe.group) else {
                 continue;
             };
@@ -341,49 +461,25 @@ impl Synced {
                 changes.frontends_written += 1;
             }
         }
-        for addr in &plan.external_addrs {
-            if self.marks.insert(*addr) {
+        for addr in &delta.markers {
+            let wanted = plan.external_addrs.contains(addr);
+            if wanted && self.marks.insert(*addr) {
                 dp.put_frontend(marker(*addr), SvcInfo::default())?;
+            } else if !wanted && self.marks.remove(addr) {
+                dp.remove_frontend(marker(*addr))?;
             }
         }
-        // 3. Removals: frontends, markers, then groups nothing names.
-        let gone: Vec<FrontendKey> = self
-            .frontends
-            .keys()
-            .filter(|k| !plan.frontends.contains_key(k))
-            .copied()
-            .collect();
-        for fk in gone {
-            dp.remove_frontend(to_key(&fk))?;
-            self.frontends.remove(&fk);
-            changes.frontends_removed += 1;
-        }
-        let stale: Vec<Ipv4Addr> = self
-            .marks
-            .iter()
-            .filter(|a| !plan.external_addrs.contains(a))
-            .copied()
-            .collect();
-        for addr in stale {
-            dp.remove_frontend(marker(addr))?;
-            self.marks.remove(&addr);
-        }
-        let unused: Vec<GroupKey> = self
-            .groups
-            .keys()
-            .filter(|g| !plan.groups.contains_key(g))
-            .cloned()
-            .collect();
-        for gk in unused {
-            if let Some(w) = self.groups.remove(&gk) {
+        // 3. Groups nothing names any more, then the retired ones' slots.
+        for gk in &delta.groups {
+            if plan.groups.contains_key(gk) {
+                continue;
+            }
+            if let Some(w) = self.groups.remove(gk) {
                 if gk.port.proto == Proto::Udp {
                     changes.removed_udp.extend(w.slots.iter().copied());
                 }
                 retired.push((w.id, w.slots.len()));
             }
-        }
-        for (id, slots) in std::mem::take(&mut self.orphans) {
-            retired.push((id, slots.len()));
         }
         for (id, len) in retired {
             for slot in 0..len {
@@ -393,17 +489,16 @@ impl Synced {
                 })?;
             }
         }
-        let ports: BTreeSet<&PortRef> = plan.groups.keys().map(|g| &g.port).collect();
-        self.ids.retain(|p, _| ports.contains(p));
-        // A backend that only left one group of a port (its local-only
-        // group, say) still serves: only those gone from every UDP group.
-        for (gk, backends) in &plan.groups {
-            if gk.port.proto == Proto::Udp {
-                for b in backends {
-                    changes.removed_udp.remove(b);
-                }
-            }
+        for port in ports {
+            self.release_id(plan, port);
         }
+        // A backend that only left one group of a port (its local-only
+        // group, say) still serves: only those gone from both.
+        changes.removed_udp.retain(|b| {
+            !delta.groups.iter().any(|gk| {
+                gk.port.proto == Proto::Udp && plan.groups.get(gk).is_some_and(|bs| bs.contains(b))
+            })
+        });
         Ok(changes)
     }
 
