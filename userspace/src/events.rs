@@ -52,6 +52,8 @@ pub struct Events {
     flow_wants: Mutex<Vec<u32>>,
     /// Which Service an event is about (see [`ServiceNames`]).
     services: std::sync::RwLock<Arc<ServiceNames>>,
+    /// The Services changed since `services` was made.
+    names_stale: std::sync::atomic::AtomicBool,
     ring_pin: PathBuf,
     config_pin: PathBuf,
 }
@@ -89,6 +91,7 @@ impl Events {
             names: Mutex::new(std::collections::HashMap::new()),
             flow_wants: Mutex::new(Vec::new()),
             services: std::sync::RwLock::new(Arc::new(ServiceNames::default())),
+            names_stale: std::sync::atomic::AtomicBool::new(true),
             ring_pin,
             config_pin,
         };
@@ -184,8 +187,28 @@ pub struct ServiceNames {
 }
 
 impl Events {
+    /// Whether a monitor client listens (Service names are kept current
+    /// only then).
+    pub fn watched(&self) -> bool {
+        self.tx.receiver_count() > 0
+    }
+
+    /// Says the Service names are out of date (the Services changed while
+    /// nobody watched).
+    pub fn names_stale(&self) {
+        self.names_stale
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the Service names are out of date.
+    pub fn names_are_stale(&self) -> bool {
+        self.names_stale.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Replaces the Service names events are labelled with.
     pub fn set_service_names(&self, names: ServiceNames) {
+        self.names_stale
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut held = self
             .services
             .write()

@@ -330,7 +330,7 @@ impl Agent {
             &mut dp,
             &cfg.node_name,
             &endpoints,
-            objects.objects(),
+            (objects.objects(), None),
             false,
         ) {
             Ok(changes) => tracing::info!(?changes, "services synced from the stored objects"),
@@ -391,8 +391,6 @@ impl Agent {
             health,
             _lock: lock,
         };
-        let names = services::names_of(agent.state.lock().await.services.current());
-        agent.events.set_service_names(names);
         if let Err(e) = agent.refresh_status().await {
             tracing::warn!(error = %e, "gathering the status");
         }

@@ -11,6 +11,7 @@ use rivet_api::{ApiError, ErrorKind, ObjectResult};
 
 use super::{Agent, NodeState};
 use crate::objects::{self, DocumentError, Kind, Object, ObjectKey, ObjectSet, Outcome, Staged};
+use crate::services::ServiceRefs;
 
 fn ms_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -191,9 +192,49 @@ impl Agent {
     /// with the node state locked: the Services datapath checks capacity
     /// and writes its maps here. An error refuses the change whole (the
     /// store is left as it was).
-    fn check_staged(&self, state: &mut NodeState, next: &ObjectSet) -> Result<(), ApiError> {
-        self.sync_services(state, next)?;
+    fn check_staged(
+        &self,
+        state: &mut NodeState,
+        next: &ObjectSet,
+        touched: Option<&ServiceRefs>,
+    ) -> Result<(), ApiError> {
+        self.sync_services(state, next, touched)?;
         Ok(())
+    }
+
+    /// The Services a staged change touches: changed Services, and the
+    /// Services named by changed EndpointSlices (before and after).
+    fn touched_services(state: &NodeState, staged: &Staged) -> ServiceRefs {
+        let label = |o: &Object| {
+            let slice = o.as_endpoint_slice()?;
+            let service = slice
+                .metadata
+                .labels
+                .as_ref()?
+                .get(objects::SERVICE_NAME_LABEL)?;
+            Some((
+                slice.metadata.namespace.clone().unwrap_or_default(),
+                service.clone(),
+            ))
+        };
+        let mut out = ServiceRefs::new();
+        for (key, outcome) in staged.results() {
+            if *outcome == Outcome::Unchanged || *outcome == Outcome::NotFound {
+                continue;
+            }
+            match key.kind {
+                Kind::Service => {
+                    out.insert((key.namespace.clone(), key.name.clone()));
+                }
+                Kind::EndpointSlice => {
+                    let before = state.objects.objects().get(key);
+                    let after = staged.objects().get(key);
+                    out.extend(before.into_iter().chain(after).filter_map(|o| label(o)));
+                }
+                _ => {}
+            }
+        }
+        out
     }
 
     /// Checks and commits `staged` (nothing when it changes nothing).
@@ -202,7 +243,8 @@ impl Agent {
             return Ok(());
         }
         let started = Instant::now();
-        self.check_staged(state, staged.objects())?;
+        let touched = Self::touched_services(state, &staged);
+        self.check_staged(state, staged.objects(), Some(&touched))?;
         let checked_ms = ms_since(started);
         let committed = blocking(|| state.objects.commit(staged));
         tracing::debug!(
@@ -214,7 +256,7 @@ impl Agent {
             // The check saw a set the store does not hold: show it the
             // one the store read back.
             let held = state.objects.objects().clone();
-            if let Err(again) = self.check_staged(state, &held) {
+            if let Err(again) = self.check_staged(state, &held, None) {
                 tracing::warn!(error = %again, "checking the objects read back after a failed write");
             }
             return Err(ApiError::new(

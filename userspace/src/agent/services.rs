@@ -20,7 +20,7 @@ use crate::{
     events::ServiceNames,
     netlink::{netns, sock_diag},
     objects::ObjectSet,
-    services::{Backend, Changes, NodeView, Plan, ServiceError, Services},
+    services::{Backend, Changes, NodeView, Plan, ServiceError, ServiceRefs, Services},
 };
 
 /// IP protocol number of UDP.
@@ -35,7 +35,7 @@ pub(super) fn update(
     dp: &mut Datapath,
     node_name: &str,
     endpoints: &Endpoints,
-    objects: &ObjectSet,
+    (objects, touched): (&ObjectSet, Option<&ServiceRefs>),
     pods_changed: bool,
 ) -> Result<Changes, ServiceError> {
     let pods: HashSet<Ipv4Addr> = endpoints.list().iter().map(|e| e.ip).collect();
@@ -44,7 +44,7 @@ pub(super) fn update(
         name: node_name,
         is_local_pod: &by_address,
     };
-    let changes = services.update(dp, objects, &node, pods_changed)?;
+    let changes = services.update(dp, objects, touched, &node, pods_changed)?;
     tracing::debug!(?changes, "services synced");
     Ok(changes)
 }
@@ -164,8 +164,9 @@ impl Agent {
         &self,
         state: &mut NodeState,
         objects: &ObjectSet,
+        touched: Option<&ServiceRefs>,
     ) -> Result<Changes, ServiceError> {
-        self.update_services(state, Some(objects), false)
+        self.update_services(state, Some(objects), touched, false)
     }
 
     /// [`update`] with the staged objects, or the stored ones.
@@ -173,6 +174,7 @@ impl Agent {
         &self,
         state: &mut NodeState,
         staged: Option<&ObjectSet>,
+        touched: Option<&ServiceRefs>,
         pods_changed: bool,
     ) -> Result<Changes, ServiceError> {
         let NodeState {
@@ -188,17 +190,30 @@ impl Agent {
             dp,
             &self.cfg.node_name,
             endpoints,
-            objects,
+            (objects, touched),
             pods_changed,
         )?;
         if !changes.removed_udp.is_empty() {
             move_udp_off(state, &changes.removed_udp);
         }
         if changes != Changes::default() {
-            self.events
-                .set_service_names(names_of(state.services.current()));
+            if self.events.watched() {
+                self.events
+                    .set_service_names(names_of(state.services.current()));
+            } else {
+                self.events.names_stale();
+            }
         }
         Ok(changes)
+    }
+
+    /// Brings the Service names events are labelled with up to date, if
+    /// the Services changed since they were made.
+    pub async fn refresh_service_names(&self) {
+        if self.events.names_are_stale() {
+            let names = names_of(self.lock().await.services.current());
+            self.events.set_service_names(names);
+        }
     }
 
     /// After the node's pods changed: the Services again when an endpoint
@@ -210,7 +225,7 @@ impl Agent {
         if !state.services.placed_by_address() {
             return;
         }
-        if let Err(e) = self.update_services(state, None, true) {
+        if let Err(e) = self.update_services(state, None, None, true) {
             tracing::warn!(error = %e, "services not synced after a pod change");
         }
     }

@@ -217,6 +217,9 @@ async fn stream_events(
 ) -> std::io::Result<()> {
     use tokio::sync::broadcast::error::RecvError;
     let mut sub = agent.events().subscribe(flows);
+    // Labels for the Services, gathered lazily (nobody watching, nobody
+    // pays for them).
+    agent.refresh_service_names().await;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut lost = 0u64;
     loop {

@@ -27,8 +27,11 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use crate::{
     datapath::{Datapath, DatapathError},
-    objects::{Kind, Object, ObjectSet},
+    objects::{Kind, Object, ObjectKey, ObjectSet},
 };
+
+/// Services by (namespace, name).
+pub type ServiceRefs = std::collections::BTreeSet<(String, String)>;
 
 pub use plan::{
     Backend, Frontend, FrontendKey, FrontendKind, GroupKey, HealthCheck, NodeView, Plan,
@@ -125,13 +128,21 @@ impl Services {
         &mut self,
         dp: &mut Datapath,
         objects: &ObjectSet,
+        touched: Option<&ServiceRefs>,
         node: &NodeView<'_>,
         pods_changed: bool,
     ) -> Result<Changes, ServiceError> {
-        // 1. Which Services changed.
+        // 1. Which Services changed: among those `touched` names (a
+        //    change of the objects knows them), else among all.
         let mut changed: Vec<((String, String), Option<Part>)> = Vec::new();
         let mut seen: HashSet<(String, String)> = HashSet::new();
-        for obj in objects.of_kind(Kind::Service) {
+        let candidates: Box<dyn Iterator<Item = &Arc<Object>>> = match touched {
+            Some(refs) if !self.first => Box::new(refs.iter().filter_map(|(ns, name)| {
+                objects.get(&ObjectKey::new(Kind::Service, ns.as_str(), name.as_str()))
+            })),
+            _ => Box::new(objects.of_kind(Kind::Service)),
+        };
+        for obj in candidates {
             let Some(svc) = obj.as_service() else {
                 continue;
             };
@@ -166,9 +177,20 @@ impl Services {
             };
             changed.push((key, Some(part)));
         }
-        for key in self.parts.keys() {
-            if !seen.contains(key) {
-                changed.push((key.clone(), None));
+        match touched {
+            Some(refs) if !self.first => {
+                for key in refs {
+                    if !seen.contains(key) && self.parts.contains_key(key) {
+                        changed.push((key.clone(), None));
+                    }
+                }
+            }
+            _ => {
+                for key in self.parts.keys() {
+                    if !seen.contains(key) {
+                        changed.push((key.clone(), None));
+                    }
+                }
             }
         }
         if changed.is_empty() && !self.first {
