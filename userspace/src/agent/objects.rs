@@ -82,8 +82,18 @@ impl Agent {
     /// invalid or the check refuses the change, none.
     pub async fn apply_objects(&self, document: String) -> Result<Vec<ObjectResult>, ApiError> {
         let started = Instant::now();
-        let _trim = (document.len() >= TRIM_AFTER_BYTES).then_some(TrimHeap);
-        let parsed = parse_aside(move || objects::parse_document(&document)).await?;
+        let large = document.len() >= TRIM_AFTER_BYTES;
+        let _trim = large.then_some(TrimHeap);
+        let mut parsed = parse_aside(move || objects::parse_document(&document)).await?;
+        if large {
+            // The parser's garbage is interleaved with the objects in its
+            // thread's heap pages, which then stay half used for good:
+            // the objects are copied out, so those pages free up whole and
+            // the trim hands them back (10,000 Services × 10 backends: 288
+            // MiB resident after the apply otherwise, 108 MiB read back
+            // from the store).
+            parsed = parsed.iter().cloned().collect();
+        }
         if parsed.is_empty() {
             return Err(bad("no objects passed to apply"));
         }
