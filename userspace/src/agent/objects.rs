@@ -92,7 +92,7 @@ impl Agent {
             // the trim hands them back (10,000 Services × 10 backends: 288
             // MiB resident after the apply otherwise, 108 MiB read back
             // from the store).
-            parsed = parsed.iter().cloned().collect();
+            parsed = parsed.to_vec();
         }
         if parsed.is_empty() {
             return Err(bad("no objects passed to apply"));
