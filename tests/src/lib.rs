@@ -64,6 +64,7 @@ pub mod cni;
 pub mod continuity;
 pub mod cri;
 pub mod flannel;
+pub mod kube;
 pub mod metrics;
 pub mod netns;
 pub mod packet;

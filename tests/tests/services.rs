@@ -15,7 +15,11 @@ use std::{
 };
 
 use rivet_common::Counter;
-use rivet_tests::{Netns, World, bin, traffic::listen};
+use rivet_tests::{
+    Netns, World, bin,
+    kube::{self, reach_tcp, tell_self_tcp},
+    traffic::listen,
+};
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const SVC_TCP: u16 = 80;
@@ -24,30 +28,11 @@ const POD_TCP: u16 = 8080;
 const POD_UDP: u16 = 5353;
 const NODE_PORT: u16 = 30080;
 
-/// Runs `rivetctl --socket <node's> ARGS` with `stdin`; returns
+/// Runs `rivetctl --socket <node n's> ARGS` with `stdin`; returns
 /// (success, stdout + stderr).
 fn rivetctl(w: &World, n: usize, args: &[&str], stdin: &str) -> (bool, String) {
-    let mut cmd = Command::new(bin("rivetctl"));
-    cmd.arg("--socket")
-        .arg(w.nodes[n].agent().socket())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawning rivetctl");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("writing rivetctl's stdin");
-    let out = child.wait_with_output().expect("rivetctl output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let out = kube::rivetctl(w.nodes[n].agent().socket(), args, stdin);
+    (out.ok, out.stdout + &out.stderr)
 }
 
 /// Applies `doc` on node `n`; panics with rivetctl's words if it fails.
@@ -55,25 +40,6 @@ fn apply(w: &World, n: usize, doc: &str) -> String {
     let (ok, text) = rivetctl(w, n, &["apply", "-f", "-"], doc);
     assert!(ok, "rivetctl apply failed: {text}");
     text
-}
-
-/// A TCP server answering each connection with its own address (4 bytes),
-/// then echoing what it reads until the client closes.
-fn tell_self_tcp(ns: &Netns, me: Ipv4Addr, port: u16) {
-    let l = listen(ns, port);
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let _ = c.write_all(&me.octets());
-                let mut buf = [0u8; 256];
-                while let Ok(n @ 1..) = c.read(&mut buf) {
-                    if c.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
 }
 
 /// A UDP server answering each datagram with its own address.
@@ -87,15 +53,6 @@ fn tell_self_udp(ns: &Netns, me: Ipv4Addr, port: u16) {
             let _ = s.send_to(&me.octets(), peer);
         }
     });
-}
-
-/// Connects from `ns` to `dst` over TCP and reads the backend's address.
-fn reach_tcp(ns: &Netns, dst: SocketAddr) -> std::io::Result<(Ipv4Addr, SocketAddr)> {
-    let mut c = ns.exec(|| TcpStream::connect_timeout(&dst, Duration::from_secs(3)))?;
-    c.set_read_timeout(Some(Duration::from_secs(3)))?;
-    let mut b = [0u8; 4];
-    c.read_exact(&mut b)?;
-    Ok((Ipv4Addr::from(b), c.peer_addr()?))
 }
 
 /// One datagram from an unconnected socket in `ns` to `dst`: the backend's

@@ -11,13 +11,13 @@
 use std::{
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, TcpStream},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use rivet_api::{ServiceFrontendKind, ServiceList, ServicePortStatus, ServiceScope};
 use rivet_tests::{
-    Netns, World, bin,
+    Netns, World,
+    kube::{self, tell_self_tcp},
     metrics::{http_get, sample},
     traffic::listen,
 };
@@ -34,27 +34,8 @@ const HEALTH_PORT: u16 = 32100;
 /// Runs `rivetctl --socket <node n's> ARGS` with `stdin`; returns
 /// (success, stdout, stderr).
 fn rivetctl(w: &World, n: usize, args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = Command::new(bin("rivetctl"))
-        .arg("--socket")
-        .arg(w.nodes[n].agent().socket())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning rivetctl");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("writing rivetctl's stdin");
-    let out = child.wait_with_output().expect("rivetctl output");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = kube::rivetctl(w.nodes[n].agent().socket(), args, stdin);
+    (out.ok, out.stdout, out.stderr)
 }
 
 /// Runs rivetctl and panics with its words unless it succeeds; its stdout.
@@ -120,23 +101,9 @@ fn table_rows(text: &str) -> Vec<std::collections::BTreeMap<String, String>> {
         .collect()
 }
 
-/// A TCP server answering each connection with its own address.
-fn tell_self_tcp(ns: &Netns, me: Ipv4Addr, port: u16) {
-    let l = listen(ns, port);
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            let _ = c.write_all(&me.octets());
-        }
-    });
-}
-
 /// Connects from `ns` to `dst` and reads the backend's address.
 fn reach_tcp(ns: &Netns, dst: SocketAddr) -> std::io::Result<Ipv4Addr> {
-    let mut c = ns.exec(|| TcpStream::connect_timeout(&dst, Duration::from_secs(3)))?;
-    c.set_read_timeout(Some(Duration::from_secs(3)))?;
-    let mut b = [0u8; 4];
-    c.read_exact(&mut b)?;
-    Ok(Ipv4Addr::from(b))
+    kube::reach_tcp(ns, dst).map(|(backend, _)| backend)
 }
 
 /// A Service with one TCP port `http` (targetPort by name).
