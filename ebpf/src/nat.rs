@@ -263,6 +263,21 @@ fn touch(entry: *mut NatEntry, now: u64, flags: u16) {
     }
 }
 
+/// Refreshes a DNAT entry with a packet of the pod's answer: one entry
+/// serves both directions, so the pod's FIN has its own bit; the entry is
+/// marked answered.
+#[inline(always)]
+fn touch_answered(entry: *mut NatEntry, l4: &L4) {
+    let flags = (l4.flags & !nat_flags::FIN)
+        | (u16::from(l4.flags & nat_flags::FIN != 0) * nat_flags::FIN_POD);
+    // SAFETY: plain helper call.
+    touch(
+        entry,
+        unsafe { bpf_ktime_get_ns() },
+        flags | nat_flags::SEEN,
+    );
+}
+
 /// Whether a TCP flow with these per-direction flags has ended: a reset,
 /// or a FIN each way.
 #[inline(always)]
@@ -660,14 +675,7 @@ fn service_answer(
         nat_dir::DNAT,
     );
     let entry = NAT.get_ptr_mut(key)?;
-    let flags = (l4.flags & !nat_flags::FIN)
-        | (u16::from(l4.flags & nat_flags::FIN != 0) * nat_flags::FIN_POD);
-    // SAFETY: plain helper call.
-    touch(
-        entry,
-        unsafe { bpf_ktime_get_ns() },
-        flags | nat_flags::SEEN,
-    );
+    touch_answered(entry, l4);
     // SAFETY: as in `touch`; address and port of an entry never change.
     let (frontend, frontend_port) = unsafe { ((*entry).addr, (*entry).port) };
     let Some(hop) = fib::lookup(ctx, cfg.node_ip, client.0, cfg.uplink_ifindex) else {
@@ -978,15 +986,7 @@ pub fn hostport_reply(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip, ttl: u8) -> Op
         nat_dir::DNAT,
     );
     let entry = NAT.get_ptr_mut(key)?;
-    // One entry serves both directions: the pod's FIN has its own bit.
-    let flags = (l4.flags & !nat_flags::FIN)
-        | (u16::from(l4.flags & nat_flags::FIN != 0) * nat_flags::FIN_POD);
-    // SAFETY: plain helper call.
-    touch(
-        entry,
-        unsafe { bpf_ktime_get_ns() },
-        flags | nat_flags::SEEN,
-    );
+    touch_answered(entry, &l4);
     if ttl <= 1 {
         return Some(Answer::Done(verdict::pass(ctx, Counter::PassTtl)));
     }
