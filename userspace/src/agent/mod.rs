@@ -325,6 +325,8 @@ impl Agent {
                 backends: cfg.limits.service_backends,
             },
         )?;
+        // What reading the store back allocated on the way is handed back.
+        let _trim = objects::TrimHeap;
         match services::update(
             &mut services,
             &mut dp,

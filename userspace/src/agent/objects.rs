@@ -24,7 +24,7 @@ const TRIM_AFTER_BYTES: usize = 1 << 20;
 /// large document (10,000 Services: 13 MB of JSON, a few hundred MB of
 /// transient trees) leaves glibc holding it, and the agent's resident size
 /// would stay at that peak (383 MiB measured, 108 MiB after a restart).
-struct TrimHeap;
+pub(super) struct TrimHeap;
 
 impl Drop for TrimHeap {
     fn drop(&mut self) {
