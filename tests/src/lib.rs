@@ -67,6 +67,7 @@ pub mod flannel;
 pub mod kube;
 pub mod metrics;
 pub mod netns;
+pub mod netpol;
 pub mod packet;
 pub mod progtest;
 pub mod raw;
