@@ -41,15 +41,28 @@ pub fn flow(ctx: &TcContext, counter: Counter) {
     emit(ctx, counter, event_kind::FLOW);
 }
 
+/// NetworkPolicy allowed a new flow in direction `dir` (`policy_dir`):
+/// always reported (once per flow, not per packet), with the number of
+/// the policy that allowed it in place of the length.
+#[inline(always)]
+pub fn policy(ctx: &TcContext, dir: u8, policy: u32) {
+    write(ctx, u16::from(dir), event_kind::POLICY, policy);
+}
+
 #[inline(always)]
 fn emit(ctx: &TcContext, counter: Counter, kind: u8) {
+    write(ctx, counter.index() as u16, kind, ctx.len());
+}
+
+#[inline(always)]
+fn write(ctx: &TcContext, counter: u16, kind: u8, len: u32) {
     // SAFETY: `ctx.as_ptr()` is the program's __sk_buff, valid for its run.
     let ifindex = unsafe { (*(ctx.as_ptr() as *const aya_ebpf::bindings::__sk_buff)).ifindex };
     let mut ev = Event {
         kind,
-        counter: counter.index() as u16,
+        counter,
         ifindex,
-        len: ctx.len(),
+        len,
         ..Event::default()
     };
     if ctx.load::<u16>(12).is_ok_and(|p| p == ETH_P_IP_WIRE) {

@@ -48,7 +48,9 @@
 //! ingress runs before the UDP socket.
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
-use rivet_common::{Counter, EndpointInfo, IPIP_OVERHEAD, NodeConfig, VXLAN_OVERHEAD};
+use rivet_common::{
+    Counter, EndpointInfo, IPIP_OVERHEAD, NodeConfig, VXLAN_OVERHEAD, endpoint_flags,
+};
 
 use crate::{
     encap,
@@ -58,7 +60,7 @@ use crate::{
     },
     ipv4, maps, nat, nat_icmp,
     packet::{addr, ensure_linear, ptr_at},
-    service, verdict,
+    policy, service, verdict,
 };
 
 const PACKET_HOST: u32 = 0;
@@ -71,8 +73,13 @@ enum Target {
     Host,
 }
 
-#[inline(always)]
-pub fn handle(ctx: &TcContext) -> i32 {
+///
+/// A call of its own, taking the context by value: a delivery into a pod
+/// ends in [`policy::finish_uplink`], a sibling call (the verifier bounds
+/// the stack of a chain of calls to 512 bytes; this frame is 496).
+#[inline(never)]
+pub fn handle(ctx: TcContext) -> i32 {
+    let ctx = &ctx;
     ensure_linear(ctx, LINEAR);
     let (Some(eth), Some(ip)) = (ptr_at::<EthHdr>(ctx, 0), ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)) else {
         return verdict::pass(ctx, Counter::UplinkPass);
@@ -189,6 +196,13 @@ pub fn handle(ctx: &TcContext) -> i32 {
             return verdict::drop(ctx, reason);
         }
         return deliver(ctx, &cfg, Target::Pod(*ep), Counter::FwdFromPeer);
+    }
+    // Anything else for a pod (routed to it by the node's stack) is asked
+    // the pod's ingress too.
+    if let Some(ep) = maps::endpoint(dst)
+        && ep.flags & endpoint_flags::POLICY_INGRESS != 0
+    {
+        return policy::defer(policy::Deferred::Pass, ep.flags, Counter::UplinkPass);
     }
     verdict::pass(ctx, Counter::UplinkPass)
 }
@@ -337,7 +351,10 @@ fn deliver(ctx: &TcContext, cfg: &NodeConfig, target: Target, counter: Counter) 
     ipv4::decrease_ttl(ip);
     eth.dst = ep.mac;
     eth.src = ep.host_mac;
-    verdict::redirect_peer(ctx, ep.ifindex, counter)
+    // The pod's NetworkPolicy ingress is asked for the packet as it now
+    // is (decapsulated, translated: the real client and pod port), then
+    // it is redirected.
+    policy::defer(policy::Deferred::Redirect(ep.ifindex), ep.flags, counter)
 }
 
 /// Delivers the plain IPv4 packet to the node's stack as if received on

@@ -20,6 +20,7 @@
 //! | [`frag`] | the per-pod budget of fragments for the node's stack |
 //! | [`nat`] | masquerade on rivet's own connection tracking |
 //! | [`nat_icmp`] | ICMP errors about translated flows |
+//! | [`policy`] | NetworkPolicy verdicts and the flows they let back |
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
 //! | [`service`] | Kubernetes Services: frontends, backend choice, affinity |
 //! | [`sock`] | Services and hostPorts at the socket (cgroup hooks) |
@@ -46,6 +47,7 @@ mod maps;
 mod nat;
 mod nat_icmp;
 mod packet;
+mod policy;
 mod remote;
 mod service;
 mod sock;
@@ -61,14 +63,25 @@ use aya_ebpf::{
 /// TC ingress on a pod's host-side veth: every packet the pod sends.
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
-    from_pod::handle(&ctx)
+    // NetworkPolicy first, in a call of its own beside the pipeline's (the
+    // verifier bounds the stack of a chain of calls).
+    // Both take the context by value (one register): this frame stays
+    // empty.
+    if policy::from_pod(TcContext::new(ctx.skb.skb)) {
+        return aya_ebpf::bindings::TC_ACT_SHOT;
+    }
+    from_pod::handle(ctx)
 }
 
 /// TC ingress on the node's uplink: tunnel decapsulation, native delivery;
 /// everything else passes untouched.
 #[classifier]
 pub fn from_uplink(ctx: TcContext) -> i32 {
-    from_uplink::handle(&ctx)
+    let verdict = from_uplink::handle(TcContext::new(ctx.skb.skb));
+    if verdict == policy::DEFERRED {
+        return policy::finish_uplink(ctx);
+    }
+    verdict
 }
 
 /// TC egress on `rivet_host`: the node's own traffic to remote pods.

@@ -29,6 +29,10 @@ use rivet_common::{
     StatsEntry, SvcAffinity, SvcAffinityKey, SvcBackend, SvcBackendKey, SvcCounters, SvcInfo,
     SvcKey, nat_config_flags, nat_pod_slot,
 };
+use rivet_common::{
+    FlowKey, FlowState, POLICY_FLOWS_MAX, POLICY_PEERS_MAX, POLICY_PORTS_MAX, POLICY_SCRATCH_BYTES,
+    PolicyPeerKey, PolicyPortKey,
+};
 
 /// Pods on this node, by IPv4 address.
 #[map]
@@ -251,6 +255,33 @@ pub fn endpoint(addr: u32) -> Option<&'static EndpointInfo> {
 pub fn is_local_addr(addr: u32) -> bool {
     LOCAL_ADDRS.get_ptr(EndpointKey { addr }).is_some()
 }
+
+/// Whether `addr` is this node's own: its primary address or one of
+/// `LOCAL_ADDRS`.
+#[inline(always)]
+pub fn is_node_addr(addr: u32) -> bool {
+    CONFIG.get(0).is_some_and(|c| c.node_ip == addr) || is_local_addr(addr)
+}
+
+/// NetworkPolicy port classes of this node's pods.
+#[map]
+pub static POLICY_PORTS: LpmTrie<PolicyPortKey, u32> =
+    LpmTrie::with_max_entries(POLICY_PORTS_MAX, 0);
+
+/// NetworkPolicy allowed peers of this node's pods, per port class.
+#[map]
+pub static POLICY_PEERS: LpmTrie<PolicyPeerKey, u32> =
+    LpmTrie::with_max_entries(POLICY_PEERS_MAX, 0);
+
+/// Flows this node's pods started or accepted (LRU).
+#[map]
+pub static POLICY_FLOWS: LruHashMap<FlowKey, FlowState> =
+    LruHashMap::with_max_entries(POLICY_FLOWS_MAX, 0);
+
+/// Per-CPU working memory of the policy verdict (`crate::policy`).
+#[map]
+pub static POLICY_SCRATCH: PerCpuArray<[u64; POLICY_SCRATCH_BYTES / 8]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// The node configuration, if the agent has written it. Returned by value:
 /// an `Option` of a map-value pointer gets compiled into pointer arithmetic

@@ -594,8 +594,27 @@ impl World {
         self.add_pod_with_ports(n, Vec::new())
     }
 
+    /// Adds a pod carrying its Kubernetes identity (`K8S_POD_NAMESPACE`,
+    /// `K8S_POD_NAME`), through the agent.
+    pub fn add_k8s_pod(&mut self, n: usize, namespace: &str, name: &str) -> usize {
+        let meta = rivet_api::PodMeta {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        self.add_pod_with(n, Vec::new(), Some(meta))
+    }
+
     /// Adds a pod with hostPorts (`portMappings`), through the agent.
     pub fn add_pod_with_ports(&mut self, n: usize, mappings: Vec<rivet_api::PortMapping>) -> usize {
+        self.add_pod_with(n, mappings, None)
+    }
+
+    fn add_pod_with(
+        &mut self,
+        n: usize,
+        mappings: Vec<rivet_api::PortMapping>,
+        pod: Option<rivet_api::PodMeta>,
+    ) -> usize {
         let node = &mut self.nodes[n];
         let host = node.next_host;
         node.next_host += 1;
@@ -605,6 +624,7 @@ impl World {
         let ip = Ipv4Addr::from(u32::from(net.network()) + u32::from(host));
         let mut spec = EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip);
         spec.port_mappings = mappings;
+        spec.pod = pod;
         let endpoint = match node.agent().client().call(&Request::EndpointAdd(spec)) {
             Ok(Response::Endpoint(ep)) => ep,
             other => panic!(

@@ -54,6 +54,8 @@ pub struct Events {
     services: std::sync::RwLock<Arc<ServiceNames>>,
     /// The Services changed since `services` was made.
     names_stale: std::sync::atomic::AtomicBool,
+    /// Names for NetworkPolicy verdicts (see [`PolicyNames`]).
+    policies: std::sync::RwLock<Arc<PolicyNames>>,
     ring_pin: PathBuf,
     config_pin: PathBuf,
 }
@@ -91,6 +93,7 @@ impl Events {
             names: Mutex::new(std::collections::HashMap::new()),
             flow_wants: Mutex::new(Vec::new()),
             services: std::sync::RwLock::new(Arc::new(ServiceNames::default())),
+            policies: std::sync::RwLock::new(Arc::new(PolicyNames::default())),
             names_stale: std::sync::atomic::AtomicBool::new(true),
             ring_pin,
             config_pin,
@@ -161,6 +164,7 @@ impl Events {
                 let mut decoded = decode(&ev);
                 decoded.ifname = self.ifname(ev.ifindex);
                 decoded.service = self.service_of(&ev);
+                self.name_policy(&ev, &mut decoded);
                 // No subscriber: the event is simply not kept.
                 let _ = self.tx.send(decoded);
             }
@@ -186,7 +190,49 @@ pub struct ServiceNames {
     pub backends: std::collections::HashMap<(Ipv4Addr, u16, u8), String>,
 }
 
+/// Names for NetworkPolicy verdicts: the policies by the agent's number
+/// and this node's pods by address. The agent replaces it after every
+/// policy sync.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PolicyNames {
+    /// `namespace/name` of each policy.
+    pub policies: std::collections::HashMap<u32, String>,
+    /// `namespace/name` of each local pod.
+    pub pods: std::collections::HashMap<Ipv4Addr, String>,
+}
+
 impl Events {
+    /// Replaces the names policy verdicts are labelled with.
+    pub fn set_policy_names(&self, names: PolicyNames) {
+        let mut held = self
+            .policies
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if **held != names {
+            *held = Arc::new(names);
+        }
+    }
+
+    /// Fills the pod and the policy of a verdict: a `policy` event (the pod
+    /// of its direction, the policy that allowed), a policy drop (the pod
+    /// no rule of which allowed).
+    fn name_policy(&self, ev: &Event, decoded: &mut MonitorEvent) {
+        let ingress = match ev.kind {
+            event_kind::POLICY => ev.counter == u16::from(rivet_common::policy_dir::INGRESS),
+            _ => match Counter::from_index(u32::from(ev.counter)) {
+                Some(Counter::DropPolicyIngress) => true,
+                Some(Counter::DropPolicyEgress) => false,
+                _ => return,
+            },
+        };
+        let names = Arc::clone(&self.policies.read().unwrap_or_else(PoisonError::into_inner));
+        let pod = Ipv4Addr::from(ipv4_from_key(if ingress { ev.dst } else { ev.src }));
+        decoded.pod = names.pods.get(&pod).cloned();
+        if ev.kind == event_kind::POLICY {
+            decoded.policy = names.policies.get(&ev.len).cloned();
+        }
+    }
+
     /// Whether a monitor client listens (Service names are kept current
     /// only then).
     pub fn watched(&self) -> bool {
@@ -312,22 +358,31 @@ pub fn decode(ev: &Event) -> MonitorEvent {
             None,
         ),
     };
-    MonitorEvent {
-        kind: if ev.kind == event_kind::DROP {
-            "drop"
-        } else {
-            "flow"
+    let (kind, reason, len) = match ev.kind {
+        event_kind::DROP => ("drop", reason, ev.len),
+        event_kind::POLICY => {
+            let dir = if ev.counter == u16::from(rivet_common::policy_dir::INGRESS) {
+                "allow_ingress"
+            } else {
+                "allow_egress"
+            };
+            ("policy", dir.to_owned(), 0)
         }
-        .into(),
+        _ => ("flow", reason, ev.len),
+    };
+    MonitorEvent {
+        kind: kind.into(),
         reason,
         ifindex: ev.ifindex,
         ifname: None,
         service: None,
+        pod: None,
+        policy: None,
         proto,
         src,
         dst,
         icmp,
-        len: ev.len,
+        len,
         time: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),

@@ -30,6 +30,7 @@ pub mod install;
 pub mod nat;
 pub mod netlink;
 pub mod objects;
+pub mod policy;
 pub mod server;
 pub mod services;
 pub mod store;

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["store", "netlink"],
     &["datapath", "objects"],
-    &["nat", "events", "install", "services"],
+    &["nat", "events", "install", "services", "policy"],
     &["endpoint"],
     &["cluster"],
     &["agent"],

@@ -9,7 +9,9 @@
 //! - `aya::Pod` is implemented only with the `user` feature.
 #![no_std]
 
+mod policy;
 mod service;
+pub use policy::*;
 pub use service::*;
 
 /// Names of the maps, as the loader finds them in the object and pins them.
@@ -77,6 +79,17 @@ pub mod map_names {
     /// Network namespaces of this node's pods, by `SO_NETNS_COOKIE`: `u64`
     /// → [`crate::netns_role`]; the socket hooks translate Services for them.
     pub const SOCK_NETNS: &str = "SOCK_NETNS";
+    /// NetworkPolicy port classes (LPM): `Key<`[`crate::PolicyPortKey`]`>`
+    /// → `u32` class.
+    pub const POLICY_PORTS: &str = "POLICY_PORTS";
+    /// NetworkPolicy allowed peers (LPM): `Key<`[`crate::PolicyPeerKey`]`>`
+    /// → `u32`, the agent's number of the policy that allows.
+    pub const POLICY_PEERS: &str = "POLICY_PEERS";
+    /// Flows pods of this node started or accepted (LRU):
+    /// [`crate::FlowKey`] → [`crate::FlowState`].
+    pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
+    /// The policy verdict's per-CPU working memory (datapath only).
+    pub const POLICY_SCRATCH: &str = "POLICY_SCRATCH";
 
     /// Every map the agent pins: the names of [`crate::MAPS`], in its order.
     pub const ALL: [&str; crate::MAPS.len()] = {
@@ -176,11 +189,19 @@ impl MapSpec {
 /// Key of the LPM tries (`aya`'s `lpm_trie::Key<u32>`): prefix length, then
 /// the address in wire order.
 type LpmKey = [u32; 2];
+/// Key of `POLICY_PORTS`: prefix length, then [`PolicyPortKey`].
+type PolicyPortLpmKey = [u32; 3];
+/// Key of `POLICY_PEERS`: prefix length, then [`PolicyPeerKey`].
+type PolicyPeerLpmKey = [u32; 4];
+const _: () =
+    assert!(core::mem::size_of::<PolicyPortLpmKey>() == 4 + core::mem::size_of::<PolicyPortKey>());
+const _: () =
+    assert!(core::mem::size_of::<PolicyPeerLpmKey>() == 4 + core::mem::size_of::<PolicyPeerKey>());
 
 /// Every map of the datapath, stated once: names, types, layouts and
 /// capacities ([`map_names::ALL`] and the agent's layout checks, pins and
 /// sized maps come from here).
-pub const MAPS: [MapSpec; 25] = {
+pub const MAPS: [MapSpec; 29] = {
     use MapKind::*;
     use map_names as n;
     [
@@ -221,6 +242,13 @@ pub const MAPS: [MapSpec; 25] = {
             .sized(MapSizing::Follows("max_services")),
         MapSpec::new::<u64, u32>(n::SOCK_NETNS, Hash, ENDPOINTS_MAX)
             .sized(MapSizing::Configured("max_endpoints")),
+        MapSpec::new::<PolicyPortLpmKey, u32>(n::POLICY_PORTS, LpmTrie, POLICY_PORTS_MAX)
+            .sized(MapSizing::Follows("max_policy_entries")),
+        MapSpec::new::<PolicyPeerLpmKey, u32>(n::POLICY_PEERS, LpmTrie, POLICY_PEERS_MAX)
+            .sized(MapSizing::Configured("max_policy_entries")),
+        MapSpec::new::<FlowKey, FlowState>(n::POLICY_FLOWS, LruHash, POLICY_FLOWS_MAX)
+            .sized(MapSizing::Configured("max_policy_flows")),
+        MapSpec::new::<u32, [u64; POLICY_SCRATCH_BYTES / 8]>(n::POLICY_SCRATCH, PerCpuArray, 1),
     ]
 };
 
@@ -321,6 +349,9 @@ pub mod event_kind {
     pub const DROP: u8 = 1;
     /// The packet was forwarded or passed (flow events).
     pub const FLOW: u8 = 2;
+    /// NetworkPolicy allowed a new flow: `counter` is the direction
+    /// (`policy_dir`), `len` the agent's number of the policy that allowed.
+    pub const POLICY: u8 = 3;
 }
 
 /// Event settings; one entry at index 0.
@@ -454,6 +485,11 @@ pub mod endpoint_flags {
     /// The endpoint is a backend of a Service reachable at the uplink
     /// (NodePort, external IPs): its packets may be replies to translate.
     pub const SERVICE: u32 = 4;
+    /// NetworkPolicy isolates the pod's ingress: traffic to it passes only
+    /// when `POLICY_PEERS` allows it, or as part of a known flow.
+    pub const POLICY_INGRESS: u32 = 8;
+    /// NetworkPolicy isolates the pod's egress.
+    pub const POLICY_EGRESS: u32 = 16;
 }
 
 /// Node-wide settings read by every program; one entry at index 0.
@@ -877,6 +913,12 @@ pub enum Counter {
     /// Addressed to a Service frontend whose chosen backend cannot be
     /// reached from here (not a ready local endpoint).
     DropSvcBackendUnreachable = 56,
+    /// To a pod whose ingress NetworkPolicy isolates, from a peer, port
+    /// and protocol no rule allows, and not part of a known flow.
+    DropPolicyIngress = 57,
+    /// From a pod whose egress NetworkPolicy isolates, to a peer, port and
+    /// protocol no rule allows, and not part of a known flow.
+    DropPolicyEgress = 58,
 }
 
 impl Counter {
@@ -884,7 +926,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 47] = [
+    pub const ALL: [Counter; 49] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -932,6 +974,8 @@ impl Counter {
         Counter::DropNatIcmpUnknown,
         Counter::DropSvcNoBackend,
         Counter::DropSvcBackendUnreachable,
+        Counter::DropPolicyIngress,
+        Counter::DropPolicyEgress,
     ];
 
     /// Index in the stats map.
@@ -996,6 +1040,8 @@ impl Counter {
             Counter::DropNatIcmpUnknown => ("drop_nat_icmp_unknown", Drop),
             Counter::DropSvcNoBackend => ("drop_svc_no_backend", Drop),
             Counter::DropSvcBackendUnreachable => ("drop_svc_backend_unreachable", Drop),
+            Counter::DropPolicyIngress => ("drop_policy_ingress", Drop),
+            Counter::DropPolicyEgress => ("drop_policy_egress", Drop),
         }
     }
 
@@ -1086,6 +1132,14 @@ mod pod {
     unsafe impl aya::Pod for super::SvcAffinity {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SvcCounters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyPortKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyPeerKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowState {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.
@@ -1115,6 +1169,10 @@ const _: () = assert!(core::mem::size_of::<SvcBackend>() == 8);
 const _: () = assert!(core::mem::size_of::<SvcAffinityKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SvcAffinity>() == 24);
 const _: () = assert!(core::mem::size_of::<SvcCounters>() == 32);
+const _: () = assert!(core::mem::size_of::<PolicyPortKey>() == 8);
+const _: () = assert!(core::mem::size_of::<PolicyPeerKey>() == 12);
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 8);
 
 #[cfg(test)]
 mod tests {

@@ -521,7 +521,9 @@ ingress:
       cidr: "{}"
       except: ["{}"]
 "#,
-                    block(ip("x", "a"), 24),
+                    // A /16 holds every node's pod subnet; the except
+                    // must lie inside the block (the API server's rule).
+                    block(ip("x", "a"), 16),
                     block(ip("y", "a"), 32)
                 ),
             ),

@@ -188,6 +188,50 @@ pub enum Request {
     /// The Services this node serves, one entry per Service port, with
     /// their frontends, backends and counters ([`Response::Services`]).
     Services {},
+    /// The NetworkPolicy of this node's pods ([`Response::Policy`]): the
+    /// policies selecting each and its effective rules.
+    Policy {
+        /// Only this pod (`namespace/name`, or a name in `default`).
+        #[serde(default)]
+        pod: Option<String>,
+    },
+}
+
+/// The NetworkPolicy of a node's pods ([`Request::Policy`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyList {
+    /// Every pod of the node with a Kubernetes identity.
+    pub pods: Vec<PodPolicy>,
+}
+
+/// One pod's NetworkPolicy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodPolicy {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// `namespace/name` of every policy selecting it.
+    pub policies: Vec<String>,
+    /// What may reach it (`None`: not isolated, everything may).
+    pub ingress: Option<Vec<PolicyRule>>,
+    /// What it may reach (`None`: not isolated).
+    pub egress: Option<Vec<PolicyRule>>,
+}
+
+/// Effective rule: these ports with these peers (the union of every rule
+/// of every selecting policy, cut where ports differ).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRule {
+    /// Ports: `tcp/80`, `udp/1000-2000`, `other` (protocols without
+    /// ports, ICMP included).
+    pub ports: Vec<String>,
+    /// Peer prefixes (`10.244.1.5/32`, `0.0.0.0/0`).
+    pub peers: Vec<String>,
+    /// `namespace/name` of the policies the peers come from.
+    pub from_policies: Vec<String>,
 }
 
 /// The Services a node serves ([`Request::Services`]).
@@ -352,7 +396,8 @@ pub struct ObjectResult {
 /// One datapath event, decoded.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MonitorEvent {
-    /// `drop` or `flow`; `tick` is a keep-alive line (no event).
+    /// `drop`, `flow` or `policy` (NetworkPolicy allowed a new flow);
+    /// `tick` is a keep-alive line (no event).
     pub kind: String,
     /// Drop reason or verdict (counter name).
     pub reason: String,
@@ -364,6 +409,13 @@ pub struct MonitorEvent {
     /// addressed to a Service frontend or translated to or from a backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// NetworkPolicy verdicts (`policy` events, `policy_ingress` and
+    /// `policy_egress` drops): the pod judged (`namespace/name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// `policy` events: the policy that allowed (`namespace/name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// `tcp`, `udp`, `icmp`, another number, or empty (not IPv4).
     pub proto: String,
     /// Source (`addr:port`, `addr` for ICMP).
@@ -1073,6 +1125,8 @@ pub enum Response {
     },
     /// The Services the node serves.
     Services(ServiceList),
+    /// The NetworkPolicy of the node's pods.
+    Policy(PolicyList),
     /// The request failed.
     Error(ApiError),
 }

@@ -35,6 +35,7 @@
 //! program IDs, never a veth without its program.
 
 mod objects;
+mod policy;
 mod services;
 pub mod status;
 
@@ -143,6 +144,8 @@ pub struct NodeState {
     pub objects: ObjectStore,
     /// The Services this node serves (the Service maps).
     pub services: crate::services::Services,
+    /// The NetworkPolicies of this node's pods (the policy maps).
+    pub policies: crate::policy::Policies,
 }
 
 /// A running agent.
@@ -339,6 +342,27 @@ impl Agent {
             Err(e) => tracing::error!(error = %e, "the stored Services are not in the datapath"),
         }
         let health = services::HealthPorts::new(services.current().health.clone());
+        // NetworkPolicy: the pinned endpoints kept their isolation bits,
+        // so enforcement never paused; now the maps as the objects say,
+        // and what a previous agent left that nothing wants goes.
+        let mut policies = crate::policy::Policies::default();
+        let synced = policies.adopt(&mut dp).and_then(|adopted| {
+            policies
+                .sync(&mut dp, objects.objects(), &policy::local_pods(&endpoints))
+                .map(|changes| (adopted, changes))
+        });
+        match synced {
+            Ok((adopted, changes)) => {
+                tracing::info!(
+                    adopted,
+                    ?changes,
+                    "network policy synced from the stored objects"
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the stored NetworkPolicies are not in the datapath")
+            }
+        }
         // The endpoint cache after the entries it copies.
         let slots = dp.sync_endpoint_slots()?;
         if slots > 0 {
@@ -373,6 +397,7 @@ impl Agent {
                 cluster,
                 objects,
                 services,
+                policies,
             }),
             started: Instant::now(),
             mtu,
@@ -393,6 +418,13 @@ impl Agent {
             health,
             _lock: lock,
         };
+        {
+            let state = agent.lock().await;
+            agent.events.set_policy_names(crate::events::PolicyNames {
+                policies: state.policies.policy_names(),
+                pods: state.policies.pod_names(),
+            });
+        }
         if let Err(e) = agent.refresh_status().await {
             tracing::warn!(error = %e, "gathering the status");
         }

@@ -209,6 +209,7 @@ impl Agent {
         touched: Option<&ServiceRefs>,
     ) -> Result<(), ApiError> {
         self.sync_services(state, next, touched)?;
+        self.sync_policies(state, Some(next))?;
         Ok(())
     }
 

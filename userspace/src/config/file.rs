@@ -168,6 +168,15 @@ pub struct FileConfig {
     /// frontend group, with room for a group being replaced (default 262144).
     #[arg(long, help_heading = "Map capacities")]
     pub max_service_backends: Option<u32>,
+    /// Capacity of the NetworkPolicy maps: allowed peer prefixes summed
+    /// over every policed pod, direction and port class, and port-class
+    /// prefixes (two maps of this size; default 262144).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_policy_entries: Option<u32>,
+    /// Capacity of the flow table that lets replies through policy (LRU:
+    /// a full table forgets its least recently used flows; default 262144).
+    #[arg(long, help_heading = "Map capacities")]
+    pub max_policy_flows: Option<u32>,
 }
 
 impl FileConfig {

@@ -4,8 +4,8 @@
 use super::{ConfigError, FileConfig, invalid};
 
 /// Capacities of the maps the agent fills (entries), from `max_endpoints`,
-/// `max_routes`, `max_hostports`, `max_services`, `max_service_backends`
-/// and `nat_max_entries`. Every map is
+/// `max_routes`, `max_hostports`, `max_services`, `max_service_backends`,
+/// `max_policy_entries`, `max_policy_flows` and `nat_max_entries`. Every map is
 /// preallocated by the kernel at this size when first created; a pinned map
 /// keeps its size until `rivetd unload`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,11 @@ pub struct MapLimits {
     pub services: u32,
     /// Service backends over every group (SVC_BACKENDS).
     pub service_backends: u32,
+    /// NetworkPolicy peer prefixes (POLICY_PEERS) and port-class prefixes
+    /// (POLICY_PORTS).
+    pub policy_entries: u32,
+    /// Flows let through policy (POLICY_FLOWS, LRU).
+    pub policy_flows: u32,
 }
 
 impl Default for MapLimits {
@@ -33,6 +38,8 @@ impl Default for MapLimits {
             nat: rivet_common::NAT_MAX,
             services: rivet_common::SVC_FRONTENDS_MAX,
             service_backends: rivet_common::SVC_BACKENDS_MAX,
+            policy_entries: rivet_common::POLICY_PEERS_MAX,
+            policy_flows: rivet_common::POLICY_FLOWS_MAX,
         }
     }
 }
@@ -56,6 +63,16 @@ pub(super) fn map_limits(file: &FileConfig, nat: u32) -> Result<MapLimits, Confi
             "max_service_backends",
             file.max_service_backends,
             defaults.service_backends,
+        )?,
+        policy_entries: size(
+            "max_policy_entries",
+            file.max_policy_entries,
+            defaults.policy_entries,
+        )?,
+        policy_flows: size(
+            "max_policy_flows",
+            file.max_policy_flows,
+            defaults.policy_flows,
         )?,
     })
 }

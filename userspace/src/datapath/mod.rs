@@ -28,7 +28,10 @@ use rivet_common::{MAPS, MapSizing};
 
 pub use self::{
     attach::{LinkState, PROGRAMS, TC_HANDLE, TC_PRIORITY, links},
-    maps::{SIZED_MAPS, map_full_counts, note_map_full},
+    maps::{
+        SIZED_MAPS, map_full_counts, note_map_full,
+        policy::{PeerEntry, PortEntry},
+    },
     object::{OBJECT, ObjectInfo, load_verified, object_hash, object_stamp},
 };
 use self::{
@@ -160,6 +163,9 @@ pub struct Datapath {
     /// Local addresses that are backends of Services reachable at the
     /// uplink (endpoint flag `SERVICE`; `maps/services.rs`).
     service_backends: std::collections::BTreeSet<std::net::Ipv4Addr>,
+    /// Isolation bits of local pods NetworkPolicy polices (endpoint flags
+    /// `POLICY_INGRESS`/`POLICY_EGRESS`; `maps/policy.rs`).
+    policy_isolation: std::collections::HashMap<std::net::Ipv4Addr, u32>,
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -275,12 +281,14 @@ impl Datapath {
             "datapath object loaded"
         );
         let slot_holders = read_slot_holders(&ebpf)?;
+        let policy_isolation = maps::policy::read_isolation(&ebpf)?;
         Ok(Self {
             ebpf,
             layout: layout.clone(),
             object,
             slot_holders,
             service_backends: std::collections::BTreeSet::new(),
+            policy_isolation,
         })
     }
 

@@ -16,7 +16,15 @@
 //! - EndpointSlice: `addressType`, the `kubernetes.io/service-name` label,
 //!   addresses of that type (1–100 per endpoint, 1000 endpoints), ports
 //!   (port, protocol default TCP, names);
-//! - Namespace, Pod, NetworkPolicy: their names (deeper checks later).
+//! - NetworkPolicy: `podSelector` and every peer selector (operators
+//!   `In`/`NotIn` with values, `Exists`/`DoesNotExist` without; label
+//!   values), `policyTypes` (`Ingress`/`Egress`, defaulted as the API
+//!   server does: `Ingress`, plus `Egress` when there are egress rules),
+//!   peers (an `ipBlock` alone, or selectors; a valid CIDR, each `except`
+//!   a strictly smaller CIDR within it), ports (protocol, default TCP; a
+//!   number 1–65535 or an IANA name; `endPort` only after a number, not
+//!   below it);
+//! - Namespace, Pod: their names.
 //!
 //! Every error names the field path from the object's root; [`validate`]
 //! reports all of an object's errors at once.
@@ -27,8 +35,12 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::{core::v1::Service, discovery::v1::EndpointSlice},
-    apimachinery::pkg::util::intstr::IntOrString,
+    api::{
+        core::v1::Service,
+        discovery::v1::EndpointSlice,
+        networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
+    },
+    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
 };
 
 use super::{FieldError, Kind, Object, SERVICE_NAME_LABEL};
@@ -70,7 +82,8 @@ pub fn validate(object: &mut Object) -> Result<(), Vec<FieldError>> {
     match object {
         Object::Service(svc) => service(svc, &mut p),
         Object::EndpointSlice(slice) => endpoint_slice(slice, &mut p),
-        Object::Namespace(_) | Object::Pod(_) | Object::NetworkPolicy(_) => {}
+        Object::NetworkPolicy(np) => network_policy(np, &mut p),
+        Object::Namespace(_) | Object::Pod(_) => {}
     }
     if p.0.is_empty() {
         return Ok(());
@@ -541,6 +554,173 @@ fn endpoint_slice(slice: &mut EndpointSlice, p: &mut Problems) {
     }
     if slice.ports.as_ref().is_some_and(Vec::is_empty) {
         slice.ports = None;
+    }
+}
+
+const POLICY_TYPES: &[&str] = &["Ingress", "Egress"];
+const SELECTOR_OPERATORS: &[&str] = &["In", "NotIn", "Exists", "DoesNotExist"];
+
+fn label_selector(sel: &LabelSelector, path: &str, p: &mut Problems) {
+    for (k, v) in sel.match_labels.iter().flatten() {
+        if k.is_empty() {
+            p.add(
+                format!("{path}.matchLabels"),
+                "label keys must not be empty",
+            );
+        }
+        if let Err(e) = label_value(v) {
+            p.add(format!("{path}.matchLabels.{k}"), invalid(v, &e));
+        }
+    }
+    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
+        let at = format!("{path}.matchExpressions[{i}]");
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => p.add(
+                format!("{at}.values"),
+                format!("required: must be non-empty with operator {}", e.operator),
+            ),
+            "Exists" | "DoesNotExist" if !values.is_empty() => p.add(
+                format!("{at}.values"),
+                format!("must be empty with operator {}", e.operator),
+            ),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => p.add(
+                format!("{at}.operator"),
+                unsupported(other, SELECTOR_OPERATORS),
+            ),
+        }
+        if e.key.is_empty() {
+            p.add(format!("{at}.key"), "required");
+        }
+    }
+}
+
+fn policy_peer(peer: &NetworkPolicyPeer, path: &str, p: &mut Problems) {
+    if let Some(block) = &peer.ip_block {
+        if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
+            p.add(
+                path,
+                "may not specify both ipBlock and another peer (podSelector, namespaceSelector)",
+            );
+        }
+        match block.cidr.parse::<ipnet::IpNet>() {
+            Err(_) => p.add(
+                format!("{path}.ipBlock.cidr"),
+                invalid(&block.cidr, "must be a CIDR (address/prefix length)"),
+            ),
+            Ok(cidr) => {
+                for (i, e) in block.except.iter().flatten().enumerate() {
+                    let at = format!("{path}.ipBlock.except[{i}]");
+                    match e.parse::<ipnet::IpNet>() {
+                        Err(_) => p.add(at, invalid(e, "must be a CIDR")),
+                        Ok(ex) if !(cidr.contains(&ex) && ex.prefix_len() > cidr.prefix_len()) => p
+                            .add(
+                                at,
+                                invalid(e, &format!("must be a strict subset of {}", block.cidr)),
+                            ),
+                        Ok(_) => {}
+                    }
+                }
+            }
+        }
+        return;
+    }
+    if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {
+        p.add(
+            path,
+            "must specify a peer (podSelector, namespaceSelector or ipBlock)",
+        );
+    }
+    if let Some(sel) = &peer.pod_selector {
+        label_selector(sel, &format!("{path}.podSelector"), p);
+    }
+    if let Some(sel) = &peer.namespace_selector {
+        label_selector(sel, &format!("{path}.namespaceSelector"), p);
+    }
+}
+
+fn policy_port(port: &mut NetworkPolicyPort, path: &str, p: &mut Problems) {
+    let proto = or_default(&mut port.protocol, "TCP");
+    if !PROTOCOLS.contains(&proto.as_str()) {
+        p.add(format!("{path}.protocol"), unsupported(&proto, PROTOCOLS));
+    }
+    match (&port.port, port.end_port) {
+        (Some(IntOrString::Int(n)), end) => {
+            if let Some(e) = port_range("port", *n, 1) {
+                p.add(format!("{path}.port"), e);
+            }
+            if let Some(end) = end {
+                if end < *n {
+                    p.add(
+                        format!("{path}.endPort"),
+                        format!("{end} must be greater than or equal to port {n}"),
+                    );
+                } else if let Some(e) = port_range("endPort", end, 1) {
+                    p.add(format!("{path}.endPort"), e);
+                }
+            }
+        }
+        (Some(IntOrString::String(name)), end) => {
+            if let Err(e) = iana_svc_name(name) {
+                p.add(format!("{path}.port"), invalid(name, &e));
+            }
+            if end.is_some() {
+                p.add(
+                    format!("{path}.endPort"),
+                    "may not be specified with a named port",
+                );
+            }
+        }
+        (None, Some(_)) => p.add(
+            format!("{path}.endPort"),
+            "may not be specified without a numeric port",
+        ),
+        (None, None) => {}
+    }
+}
+
+fn network_policy(np: &mut NetworkPolicy, p: &mut Problems) {
+    let spec = np.spec.get_or_insert_with(Default::default);
+    if let Some(sel) = &spec.pod_selector {
+        label_selector(sel, "spec.podSelector", p);
+    }
+    for (i, rule) in spec.ingress.iter_mut().flatten().enumerate() {
+        for (j, peer) in rule.from.iter().flatten().enumerate() {
+            policy_peer(peer, &format!("spec.ingress[{i}].from[{j}]"), p);
+        }
+        for (j, port) in rule.ports.iter_mut().flatten().enumerate() {
+            policy_port(port, &format!("spec.ingress[{i}].ports[{j}]"), p);
+        }
+    }
+    for (i, rule) in spec.egress.iter_mut().flatten().enumerate() {
+        for (j, peer) in rule.to.iter().flatten().enumerate() {
+            policy_peer(peer, &format!("spec.egress[{i}].to[{j}]"), p);
+        }
+        for (j, port) in rule.ports.iter_mut().flatten().enumerate() {
+            policy_port(port, &format!("spec.egress[{i}].ports[{j}]"), p);
+        }
+    }
+    let types = spec.policy_types.get_or_insert_with(Vec::new);
+    if types.is_empty() {
+        types.push("Ingress".to_owned());
+        if spec.egress.as_ref().is_some_and(|e| !e.is_empty()) {
+            types.push("Egress".to_owned());
+        }
+    }
+    let mut seen = HashSet::new();
+    for (i, t) in types.iter().enumerate() {
+        if !POLICY_TYPES.contains(&t.as_str()) {
+            p.add(
+                format!("spec.policyTypes[{i}]"),
+                unsupported(t, POLICY_TYPES),
+            );
+        } else if !seen.insert(t.clone()) {
+            p.add(
+                format!("spec.policyTypes[{i}]"),
+                format!("duplicate value {t:?}"),
+            );
+        }
     }
 }
 
@@ -1071,6 +1251,106 @@ mod tests {
         assert_eq!(
             paths,
             ["spec.type", "spec.ports[0].port", "spec.externalIPs[0]"]
+        );
+    }
+
+    fn netpol(spec: Value) -> Value {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "p", "namespace": "x"}, "spec": spec})
+    }
+
+    #[test]
+    fn network_policy_defaults() {
+        let o = accepted(netpol(json!({"podSelector": {},
+            "egress": [{"ports": [{"port": 53}]}]})));
+        let np = o.as_network_policy().expect("policy");
+        let spec = np.spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.policy_types.as_deref(),
+            Some(&["Ingress".to_owned(), "Egress".to_owned()][..])
+        );
+        let port = &spec.egress.as_ref().expect("egress")[0]
+            .ports
+            .as_ref()
+            .expect("ports")[0];
+        assert_eq!(port.protocol.as_deref(), Some("TCP"));
+        let o = accepted(netpol(json!({"podSelector": {}})));
+        let types = o
+            .as_network_policy()
+            .and_then(|n| n.spec.as_ref()?.policy_types.clone());
+        assert_eq!(types, Some(vec!["Ingress".to_owned()]));
+    }
+
+    #[test]
+    fn network_policy_refusals() {
+        let np = "NetworkPolicy x/p";
+        refused(
+            netpol(json!({"ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]})),
+            np,
+            "spec.ingress[0].from[0].ipBlock.cidr",
+            "CIDR",
+        );
+        refused(
+            netpol(
+                json!({"ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8",
+                "except": ["11.0.0.0/16"]}}]}]}),
+            ),
+            np,
+            "spec.ingress[0].from[0].ipBlock.except[0]",
+            "strict subset",
+        );
+        refused(
+            netpol(
+                json!({"ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"},
+                "podSelector": {}}]}]}),
+            ),
+            np,
+            "spec.ingress[0].from[0]",
+            "both ipBlock",
+        );
+        refused(
+            netpol(json!({"egress": [{"ports": [{"port": 90, "endPort": 80}]}]})),
+            np,
+            "spec.egress[0].ports[0].endPort",
+            "greater than or equal",
+        );
+        refused(
+            netpol(json!({"egress": [{"ports": [{"port": "http", "endPort": 80}]}]})),
+            np,
+            "spec.egress[0].ports[0].endPort",
+            "named port",
+        );
+        refused(
+            netpol(json!({"egress": [{"ports": [{"protocol": "ICMP"}]}]})),
+            np,
+            "spec.egress[0].ports[0].protocol",
+            "unsupported",
+        );
+        refused(
+            netpol(json!({"podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}})),
+            np,
+            "spec.podSelector.matchExpressions[0].values",
+            "non-empty",
+        );
+        refused(
+            netpol(
+                json!({"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is", "values": ["b"]}]}}),
+            ),
+            np,
+            "spec.podSelector.matchExpressions[0].operator",
+            "unsupported",
+        );
+        refused(
+            netpol(json!({"policyTypes": ["Ingress", "Sideways"]})),
+            np,
+            "spec.policyTypes[1]",
+            "unsupported",
+        );
+        refused(
+            netpol(json!({"ingress": [{"from": [{}]}]})),
+            np,
+            "spec.ingress[0].from[0]",
+            "must specify a peer",
         );
     }
 }

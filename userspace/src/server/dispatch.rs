@@ -74,6 +74,19 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         Request::Services {} => {
             return Ok(Response::Services(services(agent, Detail::Full).await?));
         }
+        Request::Policy { pod } => {
+            let wanted = pod
+                .as_deref()
+                .map(|p| p.split_once('/').unwrap_or(("default", p)));
+            let list = agent.lock().await.policies.list(wanted);
+            if let (Some(p), true) = (&pod, list.pods.is_empty()) {
+                return Err(ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("no pod {p:?} with a Kubernetes identity on this node"),
+                ));
+            }
+            return Ok(Response::Policy(list));
+        }
         _ => {}
     }
     let state = agent.lock().await;
@@ -108,7 +121,8 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         | Request::Apply { .. }
         | Request::Delete { .. }
         | Request::Get { .. }
-        | Request::Services {} => Err(ApiError::new(
+        | Request::Services {}
+        | Request::Policy { .. } => Err(ApiError::new(
             ErrorKind::Internal,
             "request answered without the lock",
         )),
@@ -162,6 +176,9 @@ async fn endpoint_add(
     } = &mut *state;
     let ep = endpoints.add(spec, agent.netlink(), dp, local).await?;
     agent.pods_changed(&mut state);
+    // The pod's policy state is in the maps before the runtime hears of
+    // it (and can start the pod's processes).
+    agent.pods_policy(&mut state)?;
     agent.publish_health_checks(&state);
     drop(state);
     tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
@@ -176,6 +193,9 @@ async fn endpoint_del(
     let NodeState { dp, endpoints, .. } = &mut *state;
     let (existed, drain) = endpoints.del_deferred(r, agent.netlink(), dp).await?;
     agent.pods_changed(&mut state);
+    if let Err(e) = agent.pods_policy(&mut state) {
+        tracing::warn!(error = %e, "network policy not synced after a pod was removed");
+    }
     agent.publish_health_checks(&state);
     tracing::info!(container = %r.container_id, ifname = %r.ifname, existed, "endpoint deleted");
     if let Some(d) = drain {

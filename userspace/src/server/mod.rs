@@ -241,6 +241,8 @@ async fn stream_events(
                 ifindex: 0,
                 ifname: None,
                 service: None,
+                pod: None,
+                policy: None,
                 proto: String::new(),
                 src: String::new(),
                 dst: String::new(),
@@ -288,5 +290,6 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::Delete { .. } => "delete",
         Request::Get { .. } => "get",
         Request::Services {} => "services",
+        Request::Policy { .. } => "policy",
     }
 }

@@ -169,6 +169,14 @@ pub enum Command {
     /// policies, affinity hits and the Service maps' fill.
     #[command(alias = "svc")]
     Services,
+    /// The NetworkPolicy of this node's pods: which policies select each
+    /// pod and its effective rules per direction (ports, peers and the
+    /// policies they come from); a pod no policy isolates in a direction
+    /// shows "not isolated".
+    Policy {
+        /// Only this pod: `namespace/name`, or a name in `default`.
+        pod: Option<String>,
+    },
     /// Print the rivetctl version (and the agent's, if it answers).
     Version,
     /// Install this node as a service: rivetd and rivetctl, rivet-cni and

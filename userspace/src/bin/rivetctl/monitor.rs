@@ -61,13 +61,24 @@ fn monitor_line(e: &rivet_api::MonitorEvent) -> String {
         .service
         .as_ref()
         .map_or_else(String::new, |s| format!("  service {s}"));
+    // NetworkPolicy verdicts: the pod judged and the policy that allowed
+    // (a policy drop: nothing allowed).
+    let verdict = match (&e.pod, &e.policy, e.kind.as_str()) {
+        (pod, Some(policy), _) => format!(
+            "  pod {}  allowed by {policy}",
+            pod.as_deref().unwrap_or("?")
+        ),
+        (Some(pod), None, "policy") => format!("  pod {pod}  allowed (its own node)"),
+        (Some(pod), None, _) => format!("  pod {pod}  no policy allows"),
+        (None, None, _) => String::new(),
+    };
     let lost = if e.lost > 0 {
         format!("  ({} earlier events lost)", e.lost)
     } else {
         String::new()
     };
     format!(
-        "{when} {:<4} {:<22} {:<22} {what} len {}{service}{lost}",
+        "{when} {:<4} {:<22} {:<22} {what} len {}{service}{verdict}{lost}",
         e.kind.to_uppercase(),
         e.reason,
         iface,

@@ -194,12 +194,50 @@ pub fn print_table(response: &Response, show_all: bool) {
         }
         Response::Objects { items } => print_objects(items),
         Response::Services(list) => print_services(list),
+        Response::Policy(list) => print_policy(list),
         Response::Error(e) => println!("error: {e}"),
     }
 }
 
 /// The Services, one line per Service port (kubectl-like columns), then
 /// the totals and the Service maps' fill.
+/// Each pod: the policies selecting it, then per direction its rules (or
+/// "not isolated").
+fn print_policy(list: &rivet_api::PolicyList) {
+    if list.pods.is_empty() {
+        eprintln!("No pod with a Kubernetes identity on this node.");
+    }
+    for pod in &list.pods {
+        let by = if pod.policies.is_empty() {
+            "no policy".to_owned()
+        } else {
+            pod.policies.join(", ")
+        };
+        println!(
+            "{}/{} {} selected by: {by}",
+            pod.namespace, pod.name, pod.ip
+        );
+        for (dir, rules) in [("ingress", &pod.ingress), ("egress", &pod.egress)] {
+            match rules {
+                None => println!("  {dir}: not isolated"),
+                Some(rules) if rules.is_empty() => println!("  {dir}: isolated, nothing allowed"),
+                Some(rules) => {
+                    println!("  {dir}: isolated, allowed:");
+                    for r in rules {
+                        let side = if dir == "ingress" { "from" } else { "to" };
+                        println!(
+                            "    {} {side} {} ({})",
+                            r.ports.join(", "),
+                            r.peers.join(", "),
+                            r.from_policies.join(", ")
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn print_services(list: &rivet_api::ServiceList) {
     use rivet_api::ServiceFrontendKind;
     let mut rows: Vec<Vec<String>> = vec![

@@ -87,7 +87,7 @@ impl Datapath {
     /// through the hash).
     pub fn put_endpoint(&mut self, ip: Ipv4Addr, info: EndpointInfo) -> Result<(), DatapathError> {
         let info = EndpointInfo {
-            flags: self.with_service_flag(ip, info.flags),
+            flags: self.with_policy_flags(ip, self.with_service_flag(ip, info.flags)),
             ..info
         };
         let key = EndpointKey {

@@ -19,6 +19,7 @@ pub(super) mod cluster;
 pub(super) mod endpoints;
 pub(super) mod hostports;
 pub(super) mod nat;
+pub(super) mod policy;
 pub(super) mod services;
 pub(super) mod settings;
 pub(super) mod stats;
@@ -73,6 +74,8 @@ pub(in crate::datapath) fn configured_size(limits: &MapLimits, key: &str) -> Opt
         "nat_max_entries" => Some(limits.nat),
         "max_services" => Some(limits.services),
         "max_service_backends" => Some(limits.service_backends),
+        "max_policy_entries" => Some(limits.policy_entries),
+        "max_policy_flows" => Some(limits.policy_flows),
         _ => None,
     }
 }
@@ -188,6 +191,8 @@ mod tests {
                 rivet_common::map_names::SVC_FRONTENDS,
                 rivet_common::map_names::SVC_BACKENDS,
                 rivet_common::map_names::SOCK_NETNS,
+                rivet_common::map_names::POLICY_PEERS,
+                rivet_common::map_names::POLICY_FLOWS,
             ]
         );
     }
