@@ -47,22 +47,34 @@ fuzz_target!(|data: &[u8]| {
     );
 
     let decoded = rivet::events::decode(&ev);
-    assert_eq!(
-        decoded.kind,
-        if ev.kind == event_kind::DROP {
-            "drop"
-        } else {
-            "flow"
+    match ev.kind {
+        event_kind::POLICY => {
+            // A NetworkPolicy verdict: the direction in the counter field,
+            // the policy number where a packet's length would be.
+            assert_eq!(decoded.kind, "policy");
+            let dir = if ev.counter == u16::from(rivet_common::policy_dir::INGRESS) {
+                "allow_ingress"
+            } else {
+                "allow_egress"
+            };
+            assert_eq!(decoded.reason, dir);
+            assert_eq!((decoded.ifindex, decoded.len), (ev.ifindex, 0));
         }
-    );
-    match Counter::from_index(u32::from(ev.counter)) {
-        Some(c) => {
-            assert_eq!(c.index(), u32::from(ev.counter));
-            assert!(c.name().ends_with(decoded.reason.as_str()));
+        kind => {
+            assert_eq!(
+                decoded.kind,
+                if kind == event_kind::DROP { "drop" } else { "flow" }
+            );
+            match Counter::from_index(u32::from(ev.counter)) {
+                Some(c) => {
+                    assert_eq!(c.index(), u32::from(ev.counter));
+                    assert!(c.name().ends_with(decoded.reason.as_str()));
+                }
+                None => assert_eq!(decoded.reason, format!("counter_{}", ev.counter)),
+            }
+            assert_eq!((decoded.ifindex, decoded.len), (ev.ifindex, ev.len));
         }
-        None => assert_eq!(decoded.reason, format!("counter_{}", ev.counter)),
     }
-    assert_eq!((decoded.ifindex, decoded.len), (ev.ifindex, ev.len));
     if matches!(ev.proto, 6 | 17) {
         assert!(
             decoded
