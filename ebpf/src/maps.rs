@@ -278,6 +278,20 @@ pub static POLICY_PEERS: LpmTrie<PolicyPeerKey, u32> =
 pub static POLICY_FLOWS: LruHashMap<FlowKey, FlowState> =
     LruHashMap::with_max_entries(POLICY_FLOWS_MAX, 0);
 
+/// New flows NetworkPolicy allowed, by `rivet_common::policy_stat` slot.
+#[map]
+pub static POLICY_STATS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(rivet_common::policy_stat::SLOTS, 0);
+
+/// Counts one new flow allowed in `POLICY_STATS` slot `slot`.
+#[inline(always)]
+pub fn policy_allowed(slot: u32) {
+    if let Some(v) = POLICY_STATS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's slot of a map value; no concurrent writer on it.
+        unsafe { *v += 1 };
+    }
+}
+
 /// Per-CPU working memory of the policy verdict (`crate::policy`).
 #[map]
 pub static POLICY_SCRATCH: PerCpuArray<[u64; POLICY_SCRATCH_BYTES / 8]> =

@@ -36,7 +36,7 @@ use aya_ebpf::{
 use rivet_common::{
     Counter, FlowKey, FlowState, POLICY_PEER_KEY_FIXED_BITS, POLICY_PORT_KEY_FIXED_BITS,
     POLICY_PROTO_OTHER, POLICY_SCRATCH_BYTES, PolicyPeerKey, PolicyPortKey, endpoint_flags,
-    policy_dir,
+    policy_dir, policy_stat,
 };
 
 use crate::{
@@ -362,9 +362,11 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
     }
     remember(s, starts);
     if egress {
+        maps::policy_allowed(policy_stat::ALLOWED_EGRESS);
         events::policy(ctx, policy_dir::EGRESS, by_egress);
     }
     if ingress {
+        maps::policy_allowed(policy_stat::ALLOWED_INGRESS);
         events::policy(ctx, policy_dir::INGRESS, by_ingress);
     }
     Ok(())

@@ -74,3 +74,42 @@ pub fn reach_tcp(ns: &Netns, dst: SocketAddr) -> std::io::Result<(Ipv4Addr, Sock
     c.read_exact(&mut b)?;
     Ok((Ipv4Addr::from(b), c.peer_addr()?))
 }
+
+/// Runs `rivetctl --socket SOCKET -o json monitor ARGS` until it has
+/// printed its events (it stops by itself after `--count`), within 15 s,
+/// with `traffic` run once it is subscribed; the events, one JSON value
+/// each.
+pub fn monitor(socket: &Path, args: &[&str], traffic: impl FnOnce()) -> Vec<serde_json::Value> {
+    let mut child = Command::new(bin("rivetctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["-o", "json", "monitor"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rivetctl monitor");
+    // Subscribed once the agent has read the request.
+    std::thread::sleep(Duration::from_millis(500));
+    traffic();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "rivetctl monitor saw too few events: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(out.status.success(), "rivetctl monitor: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event json"))
+        .collect()
+}

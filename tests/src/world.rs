@@ -609,6 +609,21 @@ impl World {
         self.add_pod_with(n, mappings, None)
     }
 
+    /// Adds a pod with its Kubernetes identity and hostPorts.
+    pub fn add_k8s_pod_with_ports(
+        &mut self,
+        n: usize,
+        namespace: &str,
+        name: &str,
+        mappings: Vec<rivet_api::PortMapping>,
+    ) -> usize {
+        let meta = rivet_api::PodMeta {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        self.add_pod_with(n, mappings, Some(meta))
+    }
+
     fn add_pod_with(
         &mut self,
         n: usize,

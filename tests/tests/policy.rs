@@ -12,6 +12,7 @@ use rivet_common::Counter;
 use rivet_tests::{
     Netns, World,
     kube::{self, reach_tcp, tell_self_tcp},
+    metrics::{http_get, sample},
     traffic::ping,
 };
 
@@ -237,5 +238,277 @@ spec:
     assert!(
         c.packets(Counter::DropPolicyEgress) >= 1,
         "drop_policy_egress counted"
+    );
+}
+
+#[test]
+fn a_new_pod_is_isolated_from_its_first_packet() {
+    let mut s = setup();
+    // The policy and the Pod object exist before the pod is attached:
+    // its ADD answers only once its isolation is in the maps.
+    apply(
+        &s.w,
+        0,
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: new-pods-send-nothing, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: new}}
+  policyTypes: [Egress]
+"#,
+    );
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sink = s.w.pods[s.a1]
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 9999)))
+        .expect("sink");
+    let seen = std::sync::Arc::clone(&received);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while sink.recv_from(&mut buf).is_ok() {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    // Its Pod object gives its labels; its address is its endpoint's
+    // (the object's status may lag behind the runtime).
+    apply(
+        &s.w,
+        0,
+        &pod("a", "n1", "{app: new}", Ipv4Addr::new(10, 255, 0, 1)),
+    );
+    let before = s.w.nodes[0].counters();
+    let n1 = s.w.add_k8s_pod(0, "a", "n1");
+    let target = s.w.pods[s.a1].ip;
+    let sent = s.w.pods[n1].ns.exec(|| {
+        let sock = UdpSocket::bind(("0.0.0.0", 0)).expect("socket");
+        let mut sent = 0u64;
+        for _ in 0..200 {
+            if sock.send_to(b"x", (target, 9999)).is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sent, 200, "every datagram left the socket");
+    assert_eq!(
+        received.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no datagram of the new pod got through its egress deny"
+    );
+    let after = s.w.nodes[0].counters();
+    assert!(
+        after.since(&before, Counter::DropPolicyEgress) >= 200,
+        "{:?}",
+        after.changes(&before)
+    );
+    // Its neighbours are not affected.
+    assert!(udp_ok(&s.w.pods[s.a2].ns, target, PORT));
+}
+
+#[test]
+fn hostport_and_service_traffic_is_judged_at_the_backend() {
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let client = w.add_k8s_pod(n, "a", "client");
+    let server = w.add_k8s_pod_with_ports(
+        n,
+        "b",
+        "server",
+        vec![rivet_api::PortMapping {
+            host_port: 30090,
+            container_port: PORT,
+            protocol: rivet_api::Protocol::Tcp,
+            host_ip: None,
+        }],
+    );
+    let (client_ip, server_ip, node_ip) = (w.pods[client].ip, w.pods[server].ip, w.nodes[n].ip);
+    tell_self_tcp(&w.pods[server].ns, server_ip, PORT);
+    let outside_ip = Ipv4Addr::new(192, 168, w.k, 254);
+    w.add_outside();
+    let doc = [
+        namespace("a"),
+        namespace("b"),
+        pod("a", "client", "{app: client}", client_ip),
+        pod("b", "server", "{app: server}", server_ip),
+        format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: b}}
+spec:
+  type: NodePort
+  clusterIP: 10.96.7.7
+  selector: {{app: server}}
+  ports: [{{port: 80, targetPort: {PORT}, nodePort: 30080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: b, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{port: {PORT}, protocol: TCP}}]
+endpoints: [{{addresses: ["{server_ip}"]}}]
+"#
+        ),
+    ]
+    .join("---\n");
+    apply(&w, n, &doc);
+    let outside = w.outside.as_ref().expect("outside");
+    let cluster_ip = SocketAddr::from(([10, 96, 7, 7], 80));
+    let paths: [(&str, &Netns, SocketAddr); 4] = [
+        (
+            "pod → hostPort",
+            &w.pods[client].ns,
+            SocketAddr::from((node_ip, 30090)),
+        ),
+        ("pod → ClusterIP", &w.pods[client].ns, cluster_ip),
+        (
+            "outside → hostPort",
+            outside,
+            SocketAddr::from((node_ip, 30090)),
+        ),
+        (
+            "outside → NodePort",
+            outside,
+            SocketAddr::from((node_ip, 30080)),
+        ),
+    ];
+    for (what, ns, dst) in &paths {
+        assert!(reach_tcp(ns, *dst).is_ok(), "{what}: open without policy");
+    }
+    apply(
+        &w,
+        n,
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-closed, namespace: b}
+spec:
+  podSelector: {matchLabels: {app: server}}
+"#,
+    );
+    let before = w.nodes[n].counters();
+    for (what, ns, dst) in &paths {
+        assert!(
+            reach_tcp(ns, *dst).is_err(),
+            "{what}: denied by the backend's ingress"
+        );
+    }
+    let after = w.nodes[n].counters();
+    assert!(
+        after.since(&before, Counter::DropPolicyIngress) >= 4,
+        "{:?}",
+        after.changes(&before)
+    );
+    // Allowed by the real client's address, after the translation: the
+    // client pod by selector, the outside host by ipBlock.
+    apply(
+        &w,
+        n,
+        &format!(
+            r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: server-open-to-clients, namespace: b}}
+spec:
+  podSelector: {{matchLabels: {{app: server}}}}
+  ingress:
+  - from:
+    - namespaceSelector: {{matchLabels: {{team: a}}}}
+      podSelector: {{matchLabels: {{app: client}}}}
+    - ipBlock: {{cidr: {outside_ip}/32}}
+    ports: [{{port: {PORT}}}]
+"#
+        ),
+    );
+    for (what, ns, dst) in &paths {
+        let (seen, _) = reach_tcp(ns, *dst).unwrap_or_else(|e| panic!("{what}: allowed: {e}"));
+        assert_eq!(seen, server_ip, "{what}: reached the backend");
+    }
+    // The policy names what it allows: `rivetctl policy`.
+    let out = kube::rivetctl(w.nodes[n].agent().socket(), &["policy", "b/server"], "");
+    assert!(out.ok, "rivetctl policy: {}", out.stderr);
+    for needle in [
+        "b/server-closed",
+        "b/server-open-to-clients",
+        &format!("{client_ip}/32"),
+        &format!("{outside_ip}/32"),
+        &format!("tcp/{PORT}"),
+        "egress: not isolated",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "{needle:?} in:\n{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn monitor_shows_the_pod_direction_and_policy_of_each_verdict() {
+    let s = setup();
+    let w = &s.w;
+    let (a1, a2, b1) = (&w.pods[s.a1], &w.pods[s.a2], &w.pods[s.b1]);
+    apply(
+        w,
+        0,
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-b, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}}]
+"#,
+    );
+    // One allowed connection (b1 → a2), one denied (a1 → a2).
+    let events = kube::monitor(w.nodes[0].agent().socket(), &["--count", "2"], || {
+        assert!(tcp_ok(&b1.ns, a2.ip), "b1 → a2 allowed");
+        assert!(!tcp_ok(&a1.ns, a2.ip), "a1 → a2 denied");
+    });
+    let allowed = events
+        .iter()
+        .find(|e| e["kind"] == "policy")
+        .unwrap_or_else(|| panic!("no policy event in {events:?}"));
+    assert_eq!(allowed["reason"], "allow_ingress", "{allowed}");
+    assert_eq!(allowed["pod"], "a/a2", "{allowed}");
+    assert_eq!(allowed["policy"], "a/db-from-b", "{allowed}");
+    let src = allowed["src"].as_str().unwrap_or_default();
+    assert!(src.starts_with(&format!("{}:", b1.ip)), "{allowed}");
+    assert_eq!(allowed["dst"], format!("{}:{PORT}", a2.ip), "{allowed}");
+    let denied = events
+        .iter()
+        .find(|e| e["kind"] == "drop")
+        .unwrap_or_else(|| panic!("no drop event in {events:?}"));
+    assert_eq!(denied["reason"], "policy_ingress", "{denied}");
+    assert_eq!(denied["pod"], "a/a2", "{denied}");
+    assert!(
+        denied.get("policy").is_none(),
+        "nothing allowed it: {denied}"
+    );
+    assert_eq!(denied["dst"], format!("{}:{PORT}", a2.ip), "{denied}");
+    // Prometheus: new flows allowed per direction, denied packets per
+    // direction.
+    let (code, text) = http_get(&w.nodes[0].ns, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    let allowed = sample(
+        &text,
+        r#"rivet_policy_allowed_flows_total{direction="ingress"}"#,
+    );
+    assert!(
+        allowed.is_some_and(|v| v >= 1.0),
+        "allowed ingress flows: {allowed:?}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"rivet_policy_allowed_flows_total{direction="egress"}"#
+        ),
+        Some(0.0)
+    );
+    let denied = sample(
+        &text,
+        r#"rivet_drop_packets_total{reason="policy_ingress"}"#,
+    );
+    assert!(
+        denied.is_some_and(|v| v >= 1.0),
+        "denied ingress packets: {denied:?}"
     );
 }

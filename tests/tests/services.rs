@@ -10,13 +10,12 @@ use std::{
     collections::BTreeMap,
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use rivet_common::Counter;
 use rivet_tests::{
-    Netns, World, bin,
+    Netns, World,
     kube::{self, reach_tcp, tell_self_tcp},
     traffic::listen,
 };
@@ -835,41 +834,9 @@ fn udp_to_a_removed_backend_is_moved_or_failed_not_stuck() {
     );
 }
 
-/// Runs `rivetctl -o json monitor ARGS` on node `n` until it has printed
-/// its events (it stops by itself after `--count`), within 15 s.
+/// `rivetctl -o json monitor ARGS` on node `n` around `traffic`.
 fn monitor(w: &World, n: usize, args: &[&str], traffic: impl FnOnce()) -> Vec<serde_json::Value> {
-    let mut child = Command::new(bin("rivetctl"))
-        .arg("--socket")
-        .arg(w.nodes[n].agent().socket())
-        .args(["-o", "json", "monitor"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("rivetctl monitor");
-    // Subscribed once the agent has read the request.
-    std::thread::sleep(Duration::from_millis(500));
-    traffic();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "rivetctl monitor saw too few events: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().expect("output");
-    assert!(out.status.success(), "rivetctl monitor: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("event json"))
-        .collect()
+    kube::monitor(w.nodes[n].agent().socket(), args, traffic)
 }
 
 #[test]

@@ -88,6 +88,9 @@ pub mod map_names {
     /// Flows pods of this node started or accepted (LRU):
     /// [`crate::FlowKey`] → [`crate::FlowState`].
     pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
+    /// New flows NetworkPolicy allowed, per direction (per-CPU `u64` by
+    /// [`crate::policy_stat`] slot).
+    pub const POLICY_STATS: &str = "POLICY_STATS";
     /// The policy verdict's per-CPU working memory (datapath only).
     pub const POLICY_SCRATCH: &str = "POLICY_SCRATCH";
 
@@ -201,7 +204,7 @@ const _: () =
 /// Every map of the datapath, stated once: names, types, layouts and
 /// capacities ([`map_names::ALL`] and the agent's layout checks, pins and
 /// sized maps come from here).
-pub const MAPS: [MapSpec; 29] = {
+pub const MAPS: [MapSpec; 30] = {
     use MapKind::*;
     use map_names as n;
     [
@@ -249,6 +252,7 @@ pub const MAPS: [MapSpec; 29] = {
         MapSpec::new::<FlowKey, FlowState>(n::POLICY_FLOWS, LruHash, POLICY_FLOWS_MAX)
             .sized(MapSizing::Configured("max_policy_flows")),
         MapSpec::new::<u32, [u64; POLICY_SCRATCH_BYTES / 8]>(n::POLICY_SCRATCH, PerCpuArray, 1),
+        MapSpec::new::<u32, u64>(n::POLICY_STATS, PerCpuArray, policy_stat::SLOTS),
     ]
 };
 

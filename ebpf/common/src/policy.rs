@@ -109,6 +109,16 @@ pub const POLICY_PORTS_MAX: u32 = POLICY_PEERS_MAX;
 /// Default capacity of `POLICY_FLOWS` (LRU).
 pub const POLICY_FLOWS_MAX: u32 = 262_144;
 
+/// Slots of `POLICY_STATS` (per-CPU `u64`): new flows policy allowed.
+pub mod policy_stat {
+    /// New flows an isolated pod's ingress rules allowed.
+    pub const ALLOWED_INGRESS: u32 = 0;
+    /// New flows an isolated pod's egress rules allowed (or its own node).
+    pub const ALLOWED_EGRESS: u32 = 1;
+    /// Slots.
+    pub const SLOTS: u32 = 2;
+}
+
 /// Bytes of the policy verdict's per-CPU working memory (`POLICY_SCRATCH`,
 /// one value, used by the datapath only).
 pub const POLICY_SCRATCH_BYTES: usize = 192;

@@ -245,6 +245,28 @@ impl Agent {
 
     /// The datapath counters, read from the pinned map (no lock of the
     /// node state).
+    /// New flows NetworkPolicy allowed since the maps were created:
+    /// (ingress, egress).
+    pub fn policy_allowed(&self) -> Result<(u64, u64), ApiError> {
+        let pin = PinLayout::new(&self.cfg.pin_dir).map(map_names::POLICY_STATS);
+        let err = |e: aya::maps::MapError| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("map {}: {e}", map_names::POLICY_STATS),
+            )
+        };
+        let data = aya::maps::MapData::from_pin(&pin).map_err(err)?;
+        let stats: aya::maps::PerCpuArray<_, u64> =
+            aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(err)?;
+        let sum = |slot: u32| -> Result<u64, ApiError> {
+            Ok(stats.get(&slot, 0).map_err(err)?.iter().sum())
+        };
+        Ok((
+            sum(rivet_common::policy_stat::ALLOWED_INGRESS)?,
+            sum(rivet_common::policy_stat::ALLOWED_EGRESS)?,
+        ))
+    }
+
     pub fn counters(&self) -> Result<Vec<CounterValue>, ApiError> {
         let pin = PinLayout::new(&self.cfg.pin_dir).map(map_names::STATS);
         let err = |e: aya::maps::MapError| {

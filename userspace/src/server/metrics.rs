@@ -7,8 +7,10 @@
 //!   by CNI verb, and per Service port (labels `namespace`, `service`, `port`:
 //!   the port's name, or its number when unnamed) the counters
 //!   `rivet_service_{sockets,flows,rejected,affinity_hits}_total` with the
-//!   Service maps' fill `rivet_service_{frontends,backends}[_capacity]` — see
-//!   [`encode`].
+//!   Service maps' fill `rivet_service_{frontends,backends}[_capacity]`, and
+//!   the new flows NetworkPolicy allowed `rivet_policy_allowed_flows_total
+//!   {direction}` (its denied packets are `rivet_drop_packets_total{reason=
+//!   "policy_ingress"|"policy_egress"}`) — see [`encode`].
 //! - `GET /healthz`: 200 while the agent serves.
 //! - `GET /readyz`: 200 when the datapath is attached and, in cluster mode, the
 //!   store is synced; 503 with the reason otherwise.
@@ -57,6 +59,8 @@ pub struct Snapshot {
     /// The Services with their counters (`None`: they could not be read;
     /// their metrics are left out).
     pub services: Option<rivet_api::ServiceList>,
+    /// New flows NetworkPolicy allowed (ingress, egress); `None`: not read.
+    pub policy_allowed: Option<(u64, u64)>,
 }
 
 /// The per-Service-port counters: (metric, help, value).
@@ -257,6 +261,17 @@ impl Collector for Snapshot {
                 }
             }
         }
+        if let Some((ingress, egress)) = self.policy_allowed {
+            let mut metric = encoder.encode_descriptor(
+                "rivet_policy_allowed_flows",
+                "New flows NetworkPolicy allowed to or from an isolated pod, by direction (denied packets: rivet_drop_packets{reason=\"policy_ingress\"|\"policy_egress\"})",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (dir, v) in [("ingress", ingress), ("egress", egress)] {
+                ConstCounter::new(v).encode(metric.encode_family(&[("direction", dir)])?)?;
+            }
+        }
         let s = &self.status;
         let insert_failed = self
             .counters
@@ -369,11 +384,16 @@ pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
             None
         }
     };
+    let policy_allowed = agent
+        .policy_allowed()
+        .inspect_err(|e| tracing::warn!(error = %e, "policy metrics left out of a scrape"))
+        .ok();
     Ok(Snapshot {
         ready: status.ready,
         counters,
         status,
         services,
+        policy_allowed,
     })
 }
 
