@@ -23,6 +23,10 @@
 //! 4. Allowed → the flow is remembered (its later packets and its replies
 //!    pass at step 2).
 //!
+//! ARP never reaches the verdict (only IPv4 is judged), and DHCP between
+//! ports 68 and 67 passes it: a pod keeps its gateway and, with a
+//! delegated IPAM, its lease whatever its policy.
+//!
 //! Fragments after the first carry no ports: they are matched as port 0,
 //! so only rules without ports let them through an isolated end.
 
@@ -53,6 +57,8 @@ const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_ECHO: u8 = 8;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const TCP_SYN: u8 = 0x02;
+const DHCP_SERVER: u16 = 67;
+const DHCP_CLIENT: u16 = 68;
 const TCP_ACK: u8 = 0x10;
 
 /// What [`check`] needs of a packet, read at IPv4 header offset `l3`.
@@ -322,6 +328,15 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
         return Ok(());
     };
     let (starts, has_quoted) = flow_of(ctx, p, s);
+    // DHCP (a delegated IPAM's lease traffic) is never subject to policy.
+    if p.proto == IPPROTO_UDP
+        && matches!(
+            (u16::from_be(s.key.sport), u16::from_be(s.key.dport)),
+            (DHCP_CLIENT, DHCP_SERVER) | (DHCP_SERVER, DHCP_CLIENT)
+        )
+    {
+        return Ok(());
+    }
     if let Some((addr, port)) = p.to {
         s.key.dst = addr;
         s.key.dport = port;

@@ -512,3 +512,121 @@ spec:
         "denied ingress packets: {denied:?}"
     );
 }
+
+/// Sends a datagram from `ns` to `dst` every millisecond (one socket)
+/// while `during` runs; how many left the socket.
+fn udp_stream_during(ns: &Netns, dst: SocketAddr, during: impl FnOnce()) -> u64 {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sock = ns.exec(|| UdpSocket::bind(("0.0.0.0", 0))).expect("socket");
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if sock.send_to(b"x", dst).is_ok() {
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sent
+        });
+        during();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sender.join().expect("sender")
+    })
+}
+
+#[test]
+fn an_agent_restart_keeps_enforcing_without_a_window() {
+    let mut s = setup();
+    apply(
+        &s.w,
+        0,
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-b-only, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}}]
+"#,
+    );
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sink = s.w.pods[s.a2]
+        .ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 9999)))
+        .expect("sink");
+    let seen = std::sync::Arc::clone(&received);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while sink.recv_from(&mut buf).is_ok() {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let dst = SocketAddr::from((s.w.pods[s.a2].ip, 9999));
+    let World { pods, nodes, .. } = &mut s.w;
+    // a1 (namespace a) is denied all along: stopped agent, SIGKILL,
+    // restart; nothing may get through while no agent runs or while the
+    // new one reads the maps back.
+    let sent = udp_stream_during(&pods[s.a1].ns, dst, || {
+        let agent = nodes[0].agent_mut();
+        agent.stop().expect("agent was running");
+        std::thread::sleep(Duration::from_millis(500));
+        agent.restart();
+        std::thread::sleep(Duration::from_millis(300));
+        agent.stop_with(nix::sys::signal::Signal::SIGKILL);
+        agent.restart();
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    assert!(
+        sent > 500,
+        "the stream ran through the restarts ({sent} datagrams)"
+    );
+    assert_eq!(
+        received.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no denied datagram got through across the restarts"
+    );
+    // After it: still enforcing, still allowing, the same rules.
+    assert!(!tcp_ok(&s.w.pods[s.a1].ns, s.w.pods[s.a2].ip));
+    assert!(tcp_ok(&s.w.pods[s.b1].ns, s.w.pods[s.a2].ip));
+    let out = kube::rivetctl(s.w.nodes[0].agent().socket(), &["policy", "a/a2"], "");
+    assert!(
+        out.ok && out.stdout.contains("a/db-from-b-only"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[test]
+fn icmp_errors_about_an_allowed_flow_reach_an_isolated_pod() {
+    let s = setup();
+    // a1's ingress is closed; its own UDP to a port nobody serves on b1
+    // must still hear the port unreachable (the error is related to a flow
+    // a1 started).
+    apply(
+        &s.w,
+        0,
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a1-closed, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: web}}
+"#,
+    );
+    let b1 = s.w.pods[s.b1].ip;
+    let err = s.w.pods[s.a1].ns.exec(|| {
+        let sock = UdpSocket::bind(("0.0.0.0", 0)).expect("socket");
+        sock.connect((b1, 9)).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        sock.send(b"x").expect("send");
+        let mut buf = [0u8; 8];
+        sock.recv(&mut buf).expect_err("nothing answers on port 9")
+    });
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "the ICMP port unreachable reached the isolated pod: {err}"
+    );
+}

@@ -549,9 +549,20 @@ fn policy_conformance() {
 
 #[test]
 fn policy_conformance_across_nodes() {
+    across_nodes("vxlan");
+}
+
+#[test]
+fn policy_conformance_across_nodes_native() {
+    across_nodes("native");
+}
+
+/// The cross-node cases on two nodes in `mode`: x/* and z/a, z/b on the
+/// first node, the rest on the second; every document applied on both.
+fn across_nodes(mode: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut w = World::new();
-    let nodes = w.add_static_cluster(2, "vxlan");
+    let nodes = w.add_static_cluster(2, mode);
     let (first, second) = (nodes[0], nodes[1]);
     let s = Scenario::new(w, nodes, |ns, pod| match (ns, pod) {
         ("x", _) | ("z", "a" | "b") => first,

@@ -1,7 +1,9 @@
 //! `cargo xtask demo`: an emulated cluster (etcd + nodes + pods in network
 //! namespaces), same-node and cross-node traffic through the BPF datapath,
 //! a Service (ClusterIP + NodePort) with backends on every node, the
-//! agents' view of it, then cleanup (or `--keep`).
+//! agents' view of it, a NetworkPolicy default deny with one allow (a
+//! denied and an allowed connection, their verdict events), then cleanup
+//! (or `--keep`).
 
 use std::{process::Command, time::Duration};
 
@@ -153,6 +155,77 @@ fn services(w: &mut World, nodes: &[usize], pods: &[usize]) {
     rivetctl(&socket, &["services"]);
 }
 
+/// A default deny plus one allow in namespace `demo`: `db` (on the first
+/// node) accepts TCP 5432 from `web` (on the last node) only; `other`
+/// (beside `db`) is refused. The verdicts as `rivetctl monitor` shows them
+/// on `db`'s node, then `rivetctl policy demo/db`.
+fn policy(w: &mut World, nodes: &[usize]) {
+    use std::io::Read as _;
+    const PORT: u16 = 5432;
+    let (first, last) = (nodes[0], nodes[nodes.len() - 1]);
+    step("NetworkPolicy: namespace demo, default deny ingress, db accepts web on TCP 5432");
+    let db = w.add_k8s_pod(first, "demo", "db");
+    let other = w.add_k8s_pod(first, "demo", "other");
+    let web = w.add_k8s_pod(last, "demo", "web");
+    let l = rivet_tests::traffic::listen(&w.pods[db].ns, PORT);
+    std::thread::spawn(move || for _c in l.incoming().flatten() {});
+    let mut doc = String::from("apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n");
+    for (p, app) in [(db, "db"), (other, "other"), (web, "web")] {
+        doc += &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {app}, namespace: demo, labels: {{app: {app}}}}}\nspec: {{containers: [{{name: c, image: x}}]}}\nstatus: {{podIP: \"{}\"}}\n",
+            w.pods[p].ip
+        );
+    }
+    let policies = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: default-deny, namespace: demo}\nspec: {podSelector: {}}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db-from-web, namespace: demo}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: web}}}]\n    ports: [{port: 5432}]\n";
+    println!("{policies}");
+    doc += "---\n";
+    doc += policies;
+    for &n in nodes {
+        if !apply(w.nodes[n].agent().socket(), &doc) {
+            return;
+        }
+    }
+    let socket = w.nodes[first].agent().socket().to_owned();
+    let monitor = Command::new(bin("rivetctl"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["monitor", "--count", "2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn();
+    std::thread::sleep(Duration::from_millis(500));
+    let dst: std::net::SocketAddr = (w.pods[db].ip, PORT).into();
+    for (p, who) in [(web, "web"), (other, "other")] {
+        let r = w.pods[p]
+            .ns
+            .exec(|| std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(1)));
+        let verdict = if r.is_ok() {
+            "connected"
+        } else {
+            "refused (timed out)"
+        };
+        println!("{who} {} -> db {dst}: {verdict}", w.pods[p].ip);
+    }
+    step(&format!(
+        "rivetctl monitor on {} (the verdicts: who, which pod, which policy)",
+        w.nodes[first].name
+    ));
+    if let Ok(mut child) = monitor {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        let _ = child.wait();
+        print!("{out}");
+    }
+    step("rivetctl policy demo/db");
+    rivetctl(&socket, &["policy", "demo/db"]);
+}
+
 fn peers(w: &World, n: usize) -> usize {
     match w.nodes[n].agent().client().call(&Request::NodeList {}) {
         Ok(Response::Nodes { nodes }) => nodes.len(),
@@ -283,6 +356,7 @@ fn main() {
     }
 
     services(&mut w, &nodes, &pods);
+    policy(&mut w, &nodes);
 
     let socket = w.nodes[nodes[0]].agent().socket().to_owned();
     step(&format!(

@@ -77,12 +77,17 @@ fn monitor_line(e: &rivet_api::MonitorEvent) -> String {
     } else {
         String::new()
     };
+    // A policy verdict is about a flow, not a packet: no length.
+    let len = if e.kind == "policy" {
+        String::new()
+    } else {
+        format!(" len {}", e.len)
+    };
     format!(
-        "{when} {:<4} {:<22} {:<22} {what} len {}{service}{verdict}{lost}",
+        "{when} {:<4} {:<22} {:<22} {what}{len}{service}{verdict}{lost}",
         e.kind.to_uppercase(),
         e.reason,
         iface,
-        e.len
     )
 }
 
