@@ -202,15 +202,37 @@ impl Agent {
     /// with the node state locked: the Services datapath checks capacity
     /// and writes its maps here. An error refuses the change whole (the
     /// store is left as it was).
+    ///
+    /// NetworkPolicy is synced when `policies` (a Namespace, Pod or
+    /// NetworkPolicy changed); when that fails, the maps are brought back
+    /// to the stored objects before the error is returned.
     fn check_staged(
         &self,
         state: &mut NodeState,
         next: &ObjectSet,
         touched: Option<&ServiceRefs>,
+        policies: bool,
     ) -> Result<(), ApiError> {
         self.sync_services(state, next, touched)?;
-        self.sync_policies(state, Some(next))?;
+        if policies && let Err(e) = self.sync_policies(state, Some(next)) {
+            let held = state.objects.objects().clone();
+            if let Err(again) = self.sync_services(state, &held, None) {
+                tracing::warn!(error = %again, "Services back to the stored objects");
+            }
+            if let Err(again) = self.sync_policies(state, None) {
+                tracing::warn!(error = %again, "NetworkPolicy back to the stored objects");
+            }
+            return Err(e.into());
+        }
         Ok(())
+    }
+
+    /// Whether a staged change touches what NetworkPolicy reads.
+    fn touches_policy(staged: &Staged) -> bool {
+        staged.results().iter().any(|(key, outcome)| {
+            !matches!(outcome, Outcome::Unchanged | Outcome::NotFound)
+                && matches!(key.kind, Kind::Namespace | Kind::Pod | Kind::NetworkPolicy)
+        })
     }
 
     /// The Services a staged change touches: changed Services, and the
@@ -255,7 +277,8 @@ impl Agent {
         }
         let started = Instant::now();
         let touched = Self::touched_services(state, &staged);
-        self.check_staged(state, staged.objects(), Some(&touched))?;
+        let policies = Self::touches_policy(&staged);
+        self.check_staged(state, staged.objects(), Some(&touched), policies)?;
         let checked_ms = ms_since(started);
         let committed = blocking(|| state.objects.commit(staged));
         tracing::debug!(
@@ -267,7 +290,7 @@ impl Agent {
             // The check saw a set the store does not hold: show it the
             // one the store read back.
             let held = state.objects.objects().clone();
-            if let Err(again) = self.check_staged(state, &held, None) {
+            if let Err(again) = self.check_staged(state, &held, None, true) {
                 tracing::warn!(error = %again, "checking the objects read back after a failed write");
             }
             return Err(ApiError::new(

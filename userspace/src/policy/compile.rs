@@ -458,3 +458,137 @@ pub fn compile_pod(view: &View<'_>, pod: &PodView) -> Result<PodPlan, CompileErr
     plan.egress = egress.map(|p| classes(&p, &who)).transpose()?;
     Ok(plan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, app: &str, ip: [u8; 4], ports: &[(&str, u16, u8)]) -> PodView {
+        PodView {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: Labels::from([("app".to_owned(), app.to_owned())]),
+            addrs: vec![Ipv4Addr::from(ip)],
+            ports: ports
+                .iter()
+                .map(|&(n, port, proto)| NamedPort {
+                    name: n.into(),
+                    port,
+                    proto,
+                })
+                .collect(),
+        }
+    }
+
+    fn policy(yaml: &str) -> NetworkPolicy {
+        serde_yaml::from_str(yaml).expect("policy yaml")
+    }
+
+    /// The (class → ports) and (class → peers) of a direction, for asserts.
+    fn allowed(d: &DirPlan, proto: u8, port: u16) -> Vec<(Ipv4Addr, u8)> {
+        let class = d.ports.iter().find(|&&(p, first, bits, _)| {
+            let size = 1u32 << (16 - u32::from(bits));
+            p == proto
+                && u32::from(first) <= u32::from(port)
+                && u32::from(port) < u32::from(first) + size
+        });
+        let Some(&(_, _, _, class)) = class else {
+            return Vec::new();
+        };
+        d.peers
+            .iter()
+            .filter(|p| p.0 == class)
+            .map(|p| (p.1, p.2))
+            .collect()
+    }
+
+    #[test]
+    fn a_named_egress_port_means_each_peer_pods_own_number() {
+        let np = policy(
+            "metadata: {name: p, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: client}}\n  policyTypes: [Egress]\n  egress:\n  - ports: [{port: http}]\n",
+        );
+        let view = View {
+            namespaces: HashMap::new(),
+            pods: vec![
+                pod("x", "c", "client", [10, 0, 0, 1], &[]),
+                pod("x", "s1", "web", [10, 0, 0, 2], &[("http", 8080, TCP)]),
+                pod("y", "s2", "web", [10, 0, 0, 3], &[("http", 9090, TCP)]),
+                pod("y", "s3", "web", [10, 0, 0, 4], &[("http", 9090, UDP)]),
+            ],
+            policies: vec![PolicyView { id: 1, policy: &np }],
+        };
+        let plan = compile_pod(&view, &view.pods[0]).expect("compiles");
+        assert!(plan.ingress.is_none(), "egress only");
+        let eg = plan.egress.expect("egress isolated");
+        assert_eq!(
+            allowed(&eg, TCP, 8080),
+            vec![(Ipv4Addr::new(10, 0, 0, 2), 32)]
+        );
+        assert_eq!(
+            allowed(&eg, TCP, 9090),
+            vec![(Ipv4Addr::new(10, 0, 0, 3), 32)]
+        );
+        assert!(allowed(&eg, UDP, 9090).is_empty(), "the name is TCP's");
+        assert!(allowed(&eg, TCP, 80).is_empty());
+        assert!(
+            !eg.ports.iter().any(|p| p.0 == OTHER),
+            "a rule with ports allows no ICMP"
+        );
+    }
+
+    #[test]
+    fn ranges_and_blocks_cut_into_classes() {
+        let np = policy(
+            "metadata: {name: p, namespace: x}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]\n    ports: [{port: 80, endPort: 90}]\n  - from: [{ipBlock: {cidr: 10.1.2.0/24}}]\n    ports: [{port: 85, protocol: TCP}]\n  - {}\n",
+        );
+        let view = View {
+            namespaces: HashMap::new(),
+            pods: vec![pod("x", "s", "db", [10, 0, 0, 9], &[])],
+            policies: vec![PolicyView { id: 7, policy: &np }],
+        };
+        let ing = compile_pod(&view, &view.pods[0])
+            .expect("compiles")
+            .ingress
+            .expect("isolated");
+        // The empty rule allows everything everywhere, ICMP included.
+        for (proto, port) in [(TCP, 22), (TCP, 85), (UDP, 53), (OTHER, 0)] {
+            assert_eq!(
+                allowed(&ing, proto, port),
+                vec![(Ipv4Addr::UNSPECIFIED, 0)],
+                "{proto}/{port}"
+            );
+        }
+        let closed = policy(
+            "metadata: {name: p, namespace: x}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]\n    ports: [{port: 80, endPort: 90}]\n  - from: [{ipBlock: {cidr: 10.1.2.0/24}}]\n    ports: [{port: 85, protocol: TCP}]\n",
+        );
+        let without_open = View {
+            policies: vec![PolicyView {
+                id: 7,
+                policy: &closed,
+            }],
+            ..view.clone()
+        };
+        let ing = compile_pod(&without_open, &without_open.pods[0])
+            .expect("compiles")
+            .ingress
+            .expect("isolated");
+        let covers = |peers: &[(Ipv4Addr, u8)], a: [u8; 4]| {
+            let a = u32::from(Ipv4Addr::from(a));
+            peers.iter().any(|&(net, bits)| {
+                let mask = if bits == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - bits)
+                };
+                a & mask == u32::from(net)
+            })
+        };
+        let p80 = allowed(&ing, TCP, 80);
+        assert!(covers(&p80, [10, 2, 3, 4]) && !covers(&p80, [10, 1, 2, 3]));
+        let p85 = allowed(&ing, TCP, 85);
+        assert!(covers(&p85, [10, 2, 3, 4]) && covers(&p85, [10, 1, 2, 3]));
+        assert!(!covers(&p85, [10, 1, 3, 3]), "the except stays cut out");
+        assert!(allowed(&ing, TCP, 91).is_empty());
+        assert!(allowed(&ing, OTHER, 0).is_empty());
+    }
+}

@@ -311,6 +311,17 @@ impl Policies {
         changes: &mut PolicyChanges,
     ) -> Result<(), PolicyError> {
         let old = self.applied.remove(&addr).unwrap_or_default();
+        // Same port classes (only peers changed): the peers are changed in
+        // place, additions first (a peer being removed is allowed a moment
+        // longer, one being added is never missing); else the new entries
+        // go to the other half of the class numbers.
+        let same_classes = old.plan.as_ref().is_some_and(|p| {
+            let ports = |d: &Option<DirPlan>| d.as_ref().map(|d| d.ports.clone());
+            ports(&p.ingress) == ports(&plan.ingress) && ports(&p.egress) == ports(&plan.egress)
+        });
+        if same_classes {
+            return self.apply_peers(dp, addr, plan, old, changes);
+        }
         let half = old.half ^ 0x8000;
         let mut ports: Vec<(PortEntry, u16)> = Vec::new();
         let mut peers: Vec<(PeerEntry, u32)> = Vec::new();
@@ -374,6 +385,64 @@ impl Policies {
                 plan: Some(plan),
                 half,
                 ports: ports.into_iter().map(|(e, _)| e).collect(),
+                peers: peers.into_iter().map(|(e, _)| e).collect(),
+            },
+        );
+        Ok(())
+    }
+
+    /// [`Policies::apply`] when only the peers changed: the new ones
+    /// written, then the ones no longer wanted removed, in the same half.
+    fn apply_peers(
+        &mut self,
+        dp: &mut Datapath,
+        addr: Ipv4Addr,
+        plan: PodPlan,
+        old: Applied,
+        changes: &mut PolicyChanges,
+    ) -> Result<(), PolicyError> {
+        let mut peers: Vec<(PeerEntry, u32)> = Vec::new();
+        for (dir, dir_plan) in [
+            (policy_dir::INGRESS, &plan.ingress),
+            (policy_dir::EGRESS, &plan.egress),
+        ] {
+            let Some(d) = dir_plan else { continue };
+            peers.extend(d.peers.iter().map(|&(class, a, abits, policy)| {
+                (
+                    PeerEntry {
+                        pod: addr,
+                        dir,
+                        class: class | old.half,
+                        addr: a,
+                        bits: abits,
+                    },
+                    policy,
+                )
+            }));
+        }
+        let had: HashSet<&PeerEntry> = old.peers.iter().collect();
+        let added: Vec<(PeerEntry, u32)> = peers
+            .iter()
+            .filter(|(e, _)| !had.contains(e))
+            .copied()
+            .collect();
+        let wanted: HashSet<&PeerEntry> = peers.iter().map(|(e, _)| e).collect();
+        let stale: Vec<PeerEntry> = old
+            .peers
+            .iter()
+            .filter(|e| !wanted.contains(e))
+            .copied()
+            .collect();
+        dp.put_policy_peers(&added)?;
+        dp.remove_policy_peers(&stale)?;
+        changes.written += added.len();
+        changes.removed += stale.len();
+        self.applied.insert(
+            addr,
+            Applied {
+                plan: Some(plan),
+                half: old.half,
+                ports: old.ports,
                 peers: peers.into_iter().map(|(e, _)| e).collect(),
             },
         );
