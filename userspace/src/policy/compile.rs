@@ -136,9 +136,83 @@ pub struct View<'a> {
     pub pods: Vec<PodView>,
     /// Every policy.
     pub policies: Vec<PolicyView<'a>>,
+    /// Pods by label and by namespace ([`View::index`]; empty: every
+    /// selector scans every pod).
+    pub index: PodIndex,
+}
+
+/// Where to look for the pods a selector may match.
+#[derive(Clone, Debug, Default)]
+pub struct PodIndex {
+    /// (key, value) → indices in [`View::pods`].
+    by_label: HashMap<(String, String), Vec<usize>>,
+    /// namespace → indices in [`View::pods`].
+    by_namespace: HashMap<String, Vec<usize>>,
+    built: bool,
 }
 
 impl View<'_> {
+    /// Indexes the pods by label and namespace: a selector with
+    /// `matchLabels` then looks only at the pods holding its rarest pair
+    /// (10,000 selector peers over thousands of pods stay fast).
+    pub fn index(&mut self) {
+        let mut index = PodIndex {
+            built: true,
+            ..PodIndex::default()
+        };
+        for (i, pod) in self.pods.iter().enumerate() {
+            for (k, v) in &pod.labels {
+                index
+                    .by_label
+                    .entry((k.clone(), v.clone()))
+                    .or_default()
+                    .push(i);
+            }
+            index
+                .by_namespace
+                .entry(pod.namespace.clone())
+                .or_default()
+                .push(i);
+        }
+        self.index = index;
+    }
+
+    /// Indices of the pods a peer with these selectors may match (a
+    /// superset; every one is still checked).
+    fn candidates(
+        &self,
+        policy_ns: &str,
+        pods: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+        namespaces: bool,
+    ) -> Vec<usize> {
+        if !self.index.built {
+            return (0..self.pods.len()).collect();
+        }
+        let rarest = pods
+            .and_then(|sel| sel.match_labels.as_ref())
+            .and_then(|labels| {
+                labels
+                    .iter()
+                    .map(|(k, v)| {
+                        self.index
+                            .by_label
+                            .get(&(k.clone(), v.clone()))
+                            .map_or(&[][..], Vec::as_slice)
+                    })
+                    .min_by_key(|l| l.len())
+            });
+        match (rarest, namespaces) {
+            (Some(list), _) => list.to_vec(),
+            (None, false) => self
+                .index
+                .by_namespace
+                .get(policy_ns)
+                .cloned()
+                .unwrap_or_default(),
+            (None, true) => (0..self.pods.len()).collect(),
+        }
+    }
+
     /// The labels of namespace `ns` (only its name label when it has no
     /// object).
     fn namespace_labels(&self, ns: &str) -> Labels {
@@ -229,12 +303,21 @@ fn peer_addrs(view: &View<'_>, policy_ns: &str, peer: &NetworkPolicyPeer, label:
     if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {
         return AddrSet::default();
     }
+    // Each namespace's verdict once.
+    let mut namespace_ok: HashMap<&str, bool> = HashMap::new();
     let sets: Vec<AddrSet> = view
-        .pods
-        .iter()
+        .candidates(
+            policy_ns,
+            peer.pod_selector.as_ref(),
+            peer.namespace_selector.is_some(),
+        )
+        .into_iter()
+        .map(|i| &view.pods[i])
         .filter(|pod| match &peer.namespace_selector {
             None => pod.namespace == policy_ns,
-            Some(sel) => matches(sel, &view.namespace_labels(&pod.namespace)),
+            Some(sel) => *namespace_ok
+                .entry(pod.namespace.as_str())
+                .or_insert_with(|| matches(sel, &view.namespace_labels(&pod.namespace))),
         })
         .filter(|pod| {
             peer.pod_selector
@@ -516,8 +599,16 @@ mod tests {
                 pod("y", "s3", "web", [10, 0, 0, 4], &[("http", 9090, UDP)]),
             ],
             policies: vec![PolicyView { id: 1, policy: &np }],
+            index: PodIndex::default(),
         };
         let plan = compile_pod(&view, &view.pods[0]).expect("compiles");
+        let mut indexed = view.clone();
+        indexed.index();
+        assert_eq!(
+            compile_pod(&indexed, &indexed.pods[0]).expect("compiles"),
+            plan,
+            "the label index changes nothing"
+        );
         assert!(plan.ingress.is_none(), "egress only");
         let eg = plan.egress.expect("egress isolated");
         assert_eq!(
@@ -545,6 +636,7 @@ mod tests {
             namespaces: HashMap::new(),
             pods: vec![pod("x", "s", "db", [10, 0, 0, 9], &[])],
             policies: vec![PolicyView { id: 7, policy: &np }],
+            index: PodIndex::default(),
         };
         let ing = compile_pod(&view, &view.pods[0])
             .expect("compiles")

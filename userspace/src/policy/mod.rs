@@ -236,6 +236,7 @@ impl Policies {
             view.policies.push(PolicyView { id, policy });
         }
         self.ids.retain(|_, id| live.contains(id));
+        view.index();
         view
     }
 
