@@ -630,3 +630,102 @@ spec:
         "the ICMP port unreachable reached the isolated pod: {err}"
     );
 }
+
+/// `count` /32 ipBlock peers outside the cluster, one rule (every other
+/// address: no two merge into a shorter prefix).
+fn many_blocks(name: &str, selector: &str, count: u8) -> String {
+    let blocks: Vec<String> = (0..count)
+        .map(|i| format!("{{ipBlock: {{cidr: 198.51.100.{}/32}}}}", 2 * i + 1))
+        .collect();
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: a}}\nspec:\n  podSelector: {{matchLabels: {{app: {selector}}}}}\n  ingress:\n  - from: [{}]\n",
+        blocks.join(", ")
+    )
+}
+
+#[test]
+fn a_policy_the_maps_cannot_hold_is_refused_and_leaves_nothing_half_made() {
+    let mut w = World::new();
+    let n = w.add_node();
+    w.nodes[n].agent_args.extra_args = vec!["--max-policy-entries".into(), "16".into()];
+    w.start_agent(n);
+    let a1 = w.add_k8s_pod(n, "a", "a1");
+    let a1_ip = w.pods[a1].ip;
+    tell_self_tcp(&w.pods[a1].ns, a1_ip, PORT);
+    let b1 = w.add_k8s_pod(n, "a", "b1");
+    apply(
+        &w,
+        n,
+        &[
+            namespace("a"),
+            pod("a", "a1", "{app: web}", a1_ip),
+            pod("a", "b1", "{app: other}", w.pods[b1].ip),
+            pod("a", "big", "{app: big}", Ipv4Addr::new(10, 255, 0, 2)),
+        ]
+        .join("---\n"),
+    );
+    // 40 peers for a1 (web): more than the 16 entries the maps hold. The
+    // apply is refused whole, naming the map and the key; the policy is
+    // not stored and a1 stays open.
+    let socket = w.nodes[n].agent().socket().to_owned();
+    let out = kube::rivetctl(
+        &socket,
+        &["apply", "-f", "-"],
+        &many_blocks("web-big", "web", 40),
+    );
+    assert!(!out.ok, "refused: {}", out.stdout);
+    assert!(
+        out.stderr.contains("is full") && out.stderr.contains("max_policy_entries"),
+        "{}",
+        out.stderr
+    );
+    let got = kube::rivetctl(&socket, &["-o", "json", "get", "networkpolicies", "-A"], "");
+    assert!(
+        got.ok && !got.stdout.contains("web-big"),
+        "not stored: {}",
+        got.stdout
+    );
+    assert!(tcp_ok(&w.pods[b1].ns, a1_ip), "a1 is as open as before");
+
+    // A policy for pods to come: stored (no pod of this node is selected
+    // yet); then the pod it would select cannot be added: the ADD fails
+    // with resources exhausted and nothing of the pod stays.
+    apply(&w, n, &many_blocks("big-peers", "big", 40));
+    let ns = Netns::new(format!("{}-big", w.prefix));
+    let mut spec = rivet_api::EndpointSpec::new("big", ns.path().display().to_string());
+    spec.pod = Some(rivet_api::PodMeta {
+        namespace: "a".into(),
+        name: "big".into(),
+    });
+    let answer = w.nodes[n]
+        .agent()
+        .client()
+        .call(&rivet_api::Request::EndpointAdd(spec));
+    match answer {
+        Err(rivet_api::ClientError::Api(e)) => {
+            assert_eq!(e.kind, rivet_api::ErrorKind::Exhausted, "{e}");
+            assert!(e.message.contains("max_policy_entries"), "{e}");
+        }
+        other => panic!("the ADD must fail with resources exhausted: {other:?}"),
+    }
+    let listed = match w.nodes[n]
+        .agent()
+        .client()
+        .call(&rivet_api::Request::EndpointList {})
+    {
+        Ok(rivet_api::Response::Endpoints { endpoints }) => endpoints,
+        other => panic!("endpoint list: {other:?}"),
+    };
+    assert!(
+        !listed.iter().any(|e| e.container_id == "big"),
+        "no record of the refused pod: {listed:?}"
+    );
+    assert!(
+        !w.nodes[n]
+            .veths()
+            .iter()
+            .any(|v| !w.pods.iter().any(|p| p.endpoint.host_ifname == *v)),
+        "no veth of the refused pod: {:?}",
+        w.nodes[n].veths()
+    );
+}

@@ -177,8 +177,20 @@ async fn endpoint_add(
     let ep = endpoints.add(spec, agent.netlink(), dp, local).await?;
     agent.pods_changed(&mut state);
     // The pod's policy state is in the maps before the runtime hears of
-    // it (and can start the pod's processes).
-    agent.pods_policy(&mut state)?;
+    // it (and can start the pod's processes); a pod whose policy cannot be
+    // written is not left half made.
+    if let Err(e) = agent.pods_policy(&mut state) {
+        let NodeState { dp, endpoints, .. } = &mut *state;
+        let r = EndpointRef::new(&ep.container_id, &ep.ifname);
+        if let Err(undo) = endpoints.del(&r, agent.netlink(), dp).await {
+            tracing::warn!(error = %undo, container = %ep.container_id, "removing a pod whose policy failed");
+        }
+        agent.pods_changed(&mut state);
+        if let Err(again) = agent.pods_policy(&mut state) {
+            tracing::warn!(error = %again, "network policy after removing a pod");
+        }
+        return Err(e);
+    }
     agent.publish_health_checks(&state);
     drop(state);
     tracing::info!(container = %ep.container_id, ip = %ep.ip, host = %ep.host_ifname, "endpoint added");
@@ -228,6 +240,9 @@ async fn gc(agent: &Agent, mut state: Locked<'_>, gc: &GcRequest) -> Result<Resp
     let removed = endpoints
         .gc(&gc.network, &gc.valid, agent.netlink(), dp)
         .await?;
+    if let Err(e) = agent.pods_policy(&mut state) {
+        tracing::warn!(error = %e, "network policy not synced after a GC");
+    }
     tracing::info!(network = %gc.network, removed = removed.len(), kept = gc.valid.len(), "gc");
     Ok(Response::Collected { removed })
 }
