@@ -422,6 +422,14 @@ fn judge_from_pod(ctx: &TcContext) -> Result<(), Counter> {
     let Some(src) = maps::endpoint(p.src) else {
         return Ok(());
     };
+    // Only a packet that passes `from_pod`'s anti-spoof (the source's own
+    // veth and MAC) is judged, so none is remembered as a flow of another
+    // pod: a spoofed one is left to `from_pod` to drop.
+    // SAFETY: `ctx.as_ptr()` is the program's __sk_buff, valid for its run.
+    let ifindex = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ifindex };
+    if src.ifindex != ifindex || ctx.load::<[u8; 6]>(6).ok() != Some(src.mac) {
+        return Ok(());
+    }
     let src_flags = src.flags;
     let mut dst_flags = maps::endpoint(p.dst).map_or(0, |ep| ep.flags);
     if dst_flags == 0

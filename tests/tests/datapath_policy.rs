@@ -808,3 +808,36 @@ fn allowed_new_flows_emit_policy_events() {
         );
     });
 }
+
+/// A spoofed packet (another pod's address, or its own address from the
+/// wrong veth) is judged by no policy and remembered as no flow: it cannot
+/// open a way back into a pod whose ingress is isolated. `from_pod` drops
+/// it as spoofed.
+#[test]
+fn spoofed_packets_leave_no_flow() {
+    with_harness(|h| {
+        let (a, b) = (h.a, h.b);
+        isolate(h, b, endpoint_flags::POLICY_INGRESS);
+        // From A's veth, claiming B's address, to an outside address:
+        // were it remembered, that address's answers would pass B's
+        // isolated ingress as replies.
+        let spoofed = h.pod_frame(a, &datagram(b.ip, ELSEWHERE, 5353, 53));
+        h.expect(
+            FROM_POD,
+            &spoofed,
+            a.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropSpoofedIp,
+        );
+        assert_eq!(flows(h), set([]), "no flow from a spoofed packet");
+        let reply = h.peer_frame(&datagram(ELSEWHERE, b.ip, 53, 5353));
+        expect_verdict(
+            h,
+            FROM_UPLINK,
+            &reply,
+            h.uplink.0,
+            TC_ACT_SHOT,
+            Counter::DropPolicyIngress,
+        );
+    });
+}
