@@ -23,6 +23,10 @@
 //! 4. Allowed → the flow is remembered (its later packets and its replies
 //!    pass at step 2).
 //!
+//! A remembered flow lets packets through while it is used: idle longer
+//! than a day (TCP) or 120 s (other protocols) it is forgotten, and its
+//! next packet is judged by the rules again (a stale tuple opens nothing).
+//!
 //! ARP never reaches the verdict (only IPv4 is judged), and DHCP between
 //! ports 68 and 67 passes it: a pod keeps its gateway and, with a
 //! delegated IPAM, its lease whatever its policy.
@@ -32,15 +36,15 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{__sk_buff, BPF_NOEXIST},
+    bindings::__sk_buff,
     helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
 use rivet_common::{
     Counter, FlowKey, FlowState, POLICY_PEER_KEY_FIXED_BITS, POLICY_PORT_KEY_FIXED_BITS,
-    POLICY_PROTO_OTHER, POLICY_SCRATCH_BYTES, PolicyPeerKey, PolicyPortKey, endpoint_flags,
-    policy_dir, policy_stat,
+    POLICY_FLOW_IDLE_NS, POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_IDLE_NS, POLICY_PROTO_OTHER,
+    POLICY_SCRATCH_BYTES, PolicyPeerKey, PolicyPortKey, endpoint_flags, policy_dir, policy_stat,
 };
 
 use crate::{
@@ -244,14 +248,40 @@ fn quoted(ctx: &TcContext, off: usize, s: &mut Scratch) -> bool {
     true
 }
 
-/// Whether `k` (either way round) is a known flow; `other` is scratch.
+/// Whether the flow entry `v` is still alive at `now` (not idle past its
+/// protocol's timeout); a live one is marked seen (at most once a second).
+#[inline(always)]
+fn alive(v: *mut FlowState, now: u64, proto: u8) -> bool {
+    // SAFETY: a map value pointer from a successful lookup, valid for the
+    // program run; a racing CPU writes the same kind of timestamp.
+    let seen = unsafe { core::ptr::read_volatile(&(*v).seen) };
+    let idle = now.saturating_sub(seen);
+    let timeout = if proto == IPPROTO_TCP {
+        POLICY_FLOW_TCP_IDLE_NS
+    } else {
+        POLICY_FLOW_IDLE_NS
+    };
+    if idle > timeout {
+        return false;
+    }
+    if idle > POLICY_FLOW_REFRESH_NS {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(&mut (*v).seen, now) };
+    }
+    true
+}
+
+/// Whether `k` (either way round) is a live flow at `now`; `other` is
+/// scratch.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "the key is passed as a pointer into the per-CPU scratch, not copied onto the stack"
 )]
 #[inline(always)]
-fn known(k: &FlowKey, other: &mut FlowKey) -> bool {
-    if POLICY_FLOWS.get_ptr(k).is_some() {
+fn known(k: &FlowKey, other: &mut FlowKey, now: u64) -> bool {
+    if let Some(v) = POLICY_FLOWS.get_ptr_mut(k)
+        && alive(v, now, k.proto)
+    {
         return true;
     }
     *other = FlowKey {
@@ -262,26 +292,21 @@ fn known(k: &FlowKey, other: &mut FlowKey) -> bool {
         proto: k.proto,
         _pad: [0; 3],
     };
-    POLICY_FLOWS.get_ptr(&*other).is_some()
+    POLICY_FLOWS
+        .get_ptr_mut(&*other)
+        .is_some_and(|v| alive(v, now, k.proto))
 }
 
-/// Remembers the packet's flow: a SYN's replaces any older flow of the
-/// same tuple; otherwise a flow another CPU remembered first keeps its
-/// entry. A full table recycles its least recently used flows (LRU).
+/// Remembers the packet's flow as seen at `s.state.seen` (replacing an
+/// entry of the same tuple: an idle one, or a new SYN's). A full table
+/// recycles its least recently used flows (LRU).
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "key and value are passed as pointers into the per-CPU scratch, not copied onto the stack"
 )]
 #[inline(always)]
-fn remember(s: &mut Scratch, starts: Starts) {
-    // SAFETY: plain helper call.
-    s.state.created = unsafe { bpf_ktime_get_ns() };
-    let flags = if starts == Starts::Syn {
-        0
-    } else {
-        BPF_NOEXIST
-    };
-    let _ = POLICY_FLOWS.insert(&s.key, &s.state, u64::from(flags));
+fn remember(s: &mut Scratch) {
+    let _ = POLICY_FLOWS.insert(&s.key, &s.state, 0);
 }
 
 /// The policy (the agent's number) whose rules let the pod at `pod`, in
@@ -342,10 +367,13 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
         s.key.dport = port;
     }
     let (src, dst) = (s.key.src, s.key.dst);
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    s.state.seen = now;
     if !egress && !ingress {
         match starts {
-            Starts::Syn => remember(s, starts),
-            Starts::Maybe if !known(&s.key, &mut s.other) => remember(s, starts),
+            Starts::Syn => remember(s),
+            Starts::Maybe if !known(&s.key, &mut s.other, now) => remember(s),
             _ => {}
         }
         return Ok(());
@@ -353,7 +381,8 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
     // A SYN opens a new connection: the rules decide, whatever flow had
     // its tuple before.
     if starts != Starts::Syn
-        && (known(&s.key, &mut s.other) || (has_quoted && known(&s.quoted, &mut s.other)))
+        && (known(&s.key, &mut s.other, now)
+            || (has_quoted && known(&s.quoted, &mut s.other, now)))
     {
         return Ok(());
     }
@@ -375,7 +404,7 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
             None => return Err(Counter::DropPolicyIngress),
         }
     }
-    remember(s, starts);
+    remember(s);
     if egress {
         maps::policy_allowed(policy_stat::ALLOWED_EGRESS);
         events::policy(ctx, policy_dir::EGRESS, by_egress);

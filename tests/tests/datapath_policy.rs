@@ -841,3 +841,66 @@ fn spoofed_packets_leave_no_flow() {
         );
     });
 }
+
+/// Now on the clock the datapath reads (`bpf_ktime_get_ns`: monotonic).
+fn monotonic_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+fn put_flow(h: &mut Harness, key: FlowKey, seen: u64) {
+    let mut map: HashMap<&mut MapData, FlowKey, FlowState> =
+        HashMap::try_from(h.ebpf.map_mut(map_names::POLICY_FLOWS).expect("map")).expect("hash");
+    map.insert(key, FlowState { seen }, 0).expect("flow");
+}
+
+/// A remembered flow lets replies through only while it is used: a UDP
+/// flow idle past 120 s is forgotten and its packets are judged by the
+/// rules again; one idle for a minute, and a TCP flow idle for two hours
+/// (TCP's limit is a day), still pass.
+#[test]
+fn idle_flows_are_forgotten() {
+    with_harness(|h| {
+        let b = h.b;
+        let up = h.uplink.0;
+        isolate(h, b, endpoint_flags::POLICY_INGRESS);
+        let now = monotonic_ns();
+        let second = 1_000_000_000u64;
+        let udp_out = flow(b.ip, ELSEWHERE, 5353, 53, IPPROTO_UDP);
+        let udp_back = h.peer_frame(&datagram(ELSEWHERE, b.ip, 53, 5353));
+        let ago = |secs: u64| {
+            now.checked_sub(secs * second)
+                .expect("the machine has been up longer than the idle time tested")
+        };
+        put_flow(h, udp_out, ago(121));
+        expect_verdict(
+            h,
+            FROM_UPLINK,
+            &udp_back,
+            up,
+            TC_ACT_SHOT,
+            Counter::DropPolicyIngress,
+        );
+        put_flow(h, udp_out, ago(60));
+        expect_verdict(
+            h,
+            FROM_UPLINK,
+            &udp_back,
+            up,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+
+        let tcp_out = flow(b.ip, ELSEWHERE, 40_000, 443, IPPROTO_TCP);
+        let tcp_back = h.peer_frame(&tcp(ELSEWHERE, b.ip, 443, 40_000, TCP_ACK));
+        put_flow(h, tcp_out, now.saturating_sub(2 * 3600 * second));
+        expect_verdict(
+            h,
+            FROM_UPLINK,
+            &tcp_back,
+            up,
+            TC_ACT_OK,
+            Counter::UplinkPass,
+        );
+    });
+}

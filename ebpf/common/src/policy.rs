@@ -98,9 +98,23 @@ pub struct FlowKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowState {
-    /// `bpf_ktime_get_ns` when the flow was first seen.
-    pub created: u64,
+    /// `bpf_ktime_get_ns` when a packet of the flow was last looked up
+    /// (refreshed at most once per [`POLICY_FLOW_REFRESH_NS`]). A flow
+    /// idle longer than its protocol's timeout is forgotten: TCP
+    /// [`POLICY_FLOW_TCP_IDLE_NS`], others [`POLICY_FLOW_IDLE_NS`].
+    pub seen: u64,
 }
+
+/// Idle time after which a TCP flow no longer lets packets through: one
+/// day (kube-proxy's conntrack setting for established TCP).
+pub const POLICY_FLOW_TCP_IDLE_NS: u64 = 86_400_000_000_000;
+/// Idle time after which a flow of another protocol (UDP, SCTP, ICMP
+/// echo) no longer lets packets through: 120 s (the kernel's
+/// `nf_conntrack_udp_timeout_stream`).
+pub const POLICY_FLOW_IDLE_NS: u64 = 120_000_000_000;
+/// A flow's `seen` is rewritten at most this often (one write per second
+/// per busy flow, not one per packet).
+pub const POLICY_FLOW_REFRESH_NS: u64 = 1_000_000_000;
 
 /// Default capacity of `POLICY_PEERS` (LPM tries allocate per entry).
 pub const POLICY_PEERS_MAX: u32 = 262_144;
