@@ -42,9 +42,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use rivet_common::{
-    Counter, FlowKey, FlowState, POLICY_PEER_KEY_FIXED_BITS, POLICY_PORT_KEY_FIXED_BITS,
-    POLICY_FLOW_IDLE_NS, POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_IDLE_NS, POLICY_PROTO_OTHER,
-    POLICY_SCRATCH_BYTES, PolicyPeerKey, PolicyPortKey, endpoint_flags, policy_dir, policy_stat,
+    Counter, FlowKey, FlowState, POLICY_FLOW_IDLE_NS, POLICY_FLOW_REFRESH_NS,
+    POLICY_FLOW_TCP_IDLE_NS, POLICY_PEER_KEY_FIXED_BITS, POLICY_PORT_KEY_FIXED_BITS,
+    POLICY_PROTO_OTHER, POLICY_SCRATCH_BYTES, PolicyPeerKey, PolicyPortKey, endpoint_flags,
+    policy_dir, policy_stat,
 };
 
 use crate::{
@@ -381,8 +382,7 @@ pub fn check(ctx: &TcContext, p: &Packet, src_flags: u32, dst_flags: u32) -> Res
     // A SYN opens a new connection: the rules decide, whatever flow had
     // its tuple before.
     if starts != Starts::Syn
-        && (known(&s.key, &mut s.other, now)
-            || (has_quoted && known(&s.quoted, &mut s.other, now)))
+        && (known(&s.key, &mut s.other, now) || (has_quoted && known(&s.quoted, &mut s.other, now)))
     {
         return Ok(());
     }
