@@ -27,6 +27,7 @@ pub mod control;
 pub mod nat;
 pub mod overlay;
 pub mod plot;
+pub mod policy;
 pub mod pps;
 pub mod progcost;
 pub mod same_node;

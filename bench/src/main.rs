@@ -11,8 +11,8 @@ use rivet_bench::{self as bench, Machine, Options};
     about = "rivet benchmarks (interleaved variants, medians, ratios to a same-run baseline)"
 )]
 struct Args {
-    /// Which benchmarks (default: all but `services`, which runs when
-    /// named).
+    /// Which benchmarks (default: all but `services` and `policy`, which
+    /// run when named).
     #[arg(value_enum)]
     which: Vec<Which>,
     /// Measured rounds (each variant once per round, interleaved).
@@ -61,6 +61,11 @@ enum Which {
     /// latency to a ClusterIP and a NodePort, UDP, throughput, one
     /// Service's apply-to-answer time, agent memory.
     Services,
+    /// Kubernetes NetworkPolicy vs the number of rules: rivet (per-pod
+    /// BPF tries) vs the same pods without policy vs iptables + ipset in
+    /// kube-router's layout; connect latency, throughput, programming
+    /// time, one rule's change-to-effect time.
+    Policy,
 }
 
 fn main() {
@@ -93,7 +98,8 @@ fn main() {
             Which::Pps,
             Which::Control,
             // Not `services`: kube-proxy's tables alone take minutes to
-            // load at 10,000 Services and more; it runs when named.
+            // load at 10,000 Services and more; it runs when named. Nor
+            // `policy` (about 15 minutes at up to 10,000 rules).
         ]
     } else {
         args.which
@@ -139,6 +145,15 @@ fn main() {
                     .collect();
                 bench::services::run(&opts, &sizes)
             }
+            // A smoke run: 10 and 1,000 rules.
+            Which::Policy => bench::policy::run(
+                &opts,
+                if args.quick {
+                    &[10, 1000]
+                } else {
+                    &[10, 100, 1000, 10_000]
+                },
+            ),
             Which::Nat => bench::nat::run(
                 &opts,
                 // Every size up to 10k in a smoke run too, with short

@@ -27,6 +27,7 @@ const APT_PACKAGES: &[(&str, &[&str])] = &[
         &["/usr/sbin/iptables", "/usr/sbin/iptables-save"],
     ),
     ("nftables", &["/usr/sbin/nft"]),
+    ("ipset", &["/usr/sbin/ipset"]),
     ("bpftool", &["/usr/sbin/bpftool"]),
     ("tcpdump", &["/usr/bin/tcpdump"]),
     ("ethtool", &["/usr/sbin/ethtool"]),
