@@ -42,10 +42,14 @@ pub fn flow(ctx: &TcContext, counter: Counter) {
 }
 
 /// NetworkPolicy allowed a new flow in direction `dir` (`policy_dir`):
-/// always reported (once per flow, not per packet), with the number of
-/// the policy that allowed it in place of the length.
+/// reported while the agent asks (`tunable::POLICY_EVENTS`, set while a
+/// monitor client listens), once per flow, with the number of the policy
+/// that allowed it in place of the length.
 #[inline(always)]
 pub fn policy(ctx: &TcContext, dir: u8, policy: u32) {
+    if crate::maps::tunable(rivet_common::tunable::POLICY_EVENTS) == 0 {
+        return;
+    }
     write(ctx, u16::from(dir), event_kind::POLICY, policy);
 }
 

@@ -753,6 +753,24 @@ fn allowed_new_flows_emit_policy_events() {
         put_peer(h, b.ip, INGRESS, 1, (a.ip, 32), 7);
         assert_eq!(drain_events(h), Vec::new());
 
+        // Off (nobody listens): an allowed flow writes no event.
+        let quiet = h.pod_frame(a, &tcp(a.ip, b.ip, 39_999, 8080, TCP_SYN));
+        h.expect(
+            FROM_POD,
+            &quiet,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        assert_eq!(drain_events(h), Vec::new(), "no event while nobody listens");
+        // On, as the agent turns it on for a monitor client.
+        let mut tunables: aya::maps::Array<&mut MapData, u64> =
+            aya::maps::Array::try_from(h.ebpf.map_mut(map_names::TUNABLES).expect("map"))
+                .expect("array");
+        tunables
+            .set(rivet_common::tunable::POLICY_EVENTS, 1, 0)
+            .expect("policy events on");
+
         let syn = h.pod_frame(a, &tcp(a.ip, b.ip, 40_000, 8080, TCP_SYN));
         h.expect(
             FROM_POD,

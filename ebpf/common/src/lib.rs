@@ -395,6 +395,10 @@ pub mod tunable {
     pub const FRAG_RATE: u32 = 0;
     /// Fragments a pod sends to the node: bucket depth, bytes.
     pub const FRAG_BURST: u32 = 1;
+    /// Nonzero: NetworkPolicy's allow verdicts are written to `EVENTS`
+    /// (the agent sets it while a `monitor` client listens; a verdict per
+    /// new flow would otherwise wake the agent for nothing).
+    pub const POLICY_EVENTS: u32 = 2;
 }
 
 /// What a fragment costs in the per-pod budget beyond its length (bytes):

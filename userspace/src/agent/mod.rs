@@ -413,7 +413,9 @@ impl Agent {
             last_error: std::sync::Mutex::new(None),
             events: Arc::new(crate::events::Events::new(
                 crate::datapath::pins::PinLayout::new(cfg_pin_dir.clone()).map(map_names::EVENTS),
-                crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::EVENT_CONFIG),
+                crate::datapath::pins::PinLayout::new(cfg_pin_dir.clone())
+                    .map(map_names::EVENT_CONFIG),
+                crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::TUNABLES),
             )),
             health,
             _lock: lock,
