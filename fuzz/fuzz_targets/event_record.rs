@@ -63,7 +63,11 @@ fuzz_target!(|data: &[u8]| {
         kind => {
             assert_eq!(
                 decoded.kind,
-                if kind == event_kind::DROP { "drop" } else { "flow" }
+                if kind == event_kind::DROP {
+                    "drop"
+                } else {
+                    "flow"
+                }
             );
             match Counter::from_index(u32::from(ev.counter)) {
                 Some(c) => {
