@@ -149,6 +149,7 @@ fn agent_error(e: ClientError) -> CniError {
                 ErrorKind::Exhausted => code::POOL_EXHAUSTED,
                 ErrorKind::Missing => code::CHECK_FAILED,
                 ErrorKind::Internal => code::INTERNAL,
+                ErrorKind::Unavailable => code::TRY_AGAIN,
             };
             CniError::new(code, e.message, "")
         }

@@ -1147,6 +1147,9 @@ pub enum ErrorKind {
     Missing,
     /// The agent failed; details in the message.
     Internal,
+    /// Not possible yet (something the request depends on has not
+    /// arrived); the same request may succeed later.
+    Unavailable,
 }
 
 /// A failed request.

@@ -34,6 +34,7 @@
 //! and a SIGKILL restart, in both attach modes: 0 lost, same attachments, new
 //! program IDs, never a veth without its program.
 
+mod kube;
 mod objects;
 mod policy;
 mod services;
@@ -109,8 +110,11 @@ pub enum AgentError {
     /// The cluster store failed.
     #[error(transparent)]
     Etcd(#[from] crate::cluster::etcd::EtcdError),
+    /// The Kubernetes API cannot be used.
+    #[error(transparent)]
+    Kube(#[from] crate::cluster::kubernetes::KubeError),
     /// Cluster mode needs the node's address.
-    #[error("cluster mode (etcd) needs an uplink with an IPv4 address")]
+    #[error("cluster mode (etcd or kubernetes) needs an uplink with an IPv4 address")]
     NoNodeIp,
     /// The socket could not be served.
     #[error("API socket {path}: {source}")]
@@ -170,6 +174,11 @@ pub struct Agent {
     events: Arc<crate::events::Events>,
     /// The healthCheckNodePorts to serve (`services.rs`).
     health: services::HealthPorts,
+    /// The Kubernetes source's object watches (`kube.rs`).
+    kube_objects: std::sync::Mutex<kube::KubeObjects>,
+    /// Bumped after each commit of watched objects (an ADD waiting for
+    /// its Pod object looks again).
+    objects_changed: tokio::sync::watch::Sender<u64>,
     _lock: PinLock,
 }
 
@@ -282,7 +291,7 @@ impl Agent {
                 tracing::warn!(error = ?e, "socket hooks not attached: the node's own sockets cannot reach hostPorts");
             }
         }
-        let cfg_etcd = cfg.etcd.is_some();
+        let cfg_store = cfg.has_store();
         let cfg_pin_dir = cfg.pin_dir.clone();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
         cluster.restore(&mut dp)?;
@@ -403,7 +412,7 @@ impl Agent {
             mtu,
             pod_cidr,
             node_ip,
-            store_state: std::sync::Mutex::new(if cfg_etcd {
+            store_state: std::sync::Mutex::new(if cfg_store {
                 StoreState::Connecting
             } else {
                 StoreState::Standalone
@@ -418,6 +427,8 @@ impl Agent {
                 crate::datapath::pins::PinLayout::new(cfg_pin_dir).map(map_names::TUNABLES),
             )),
             health,
+            kube_objects: std::sync::Mutex::default(),
+            objects_changed: tokio::sync::watch::Sender::new(0),
             _lock: lock,
         };
         {

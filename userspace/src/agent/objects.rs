@@ -81,6 +81,7 @@ impl Agent {
     /// created, configured or unchanged; all of them or, when one is
     /// invalid or the check refuses the change, none.
     pub async fn apply_objects(&self, document: String) -> Result<Vec<ObjectResult>, ApiError> {
+        self.refuse_local_objects()?;
         let started = Instant::now();
         let large = document.len() >= TRIM_AFTER_BYTES;
         let _trim = large.then_some(TrimHeap);
@@ -128,6 +129,7 @@ impl Agent {
         document: String,
         ignore_not_found: bool,
     ) -> Result<Vec<ObjectResult>, ApiError> {
+        self.refuse_local_objects()?;
         let _trim = (document.len() >= TRIM_AFTER_BYTES).then_some(TrimHeap);
         let keys = parse_aside(move || objects::parse_keys(&document)).await?;
         if keys.is_empty() {
@@ -271,7 +273,11 @@ impl Agent {
     }
 
     /// Checks and commits `staged` (nothing when it changes nothing).
-    fn commit_staged(&self, state: &mut NodeState, staged: Staged) -> Result<(), ApiError> {
+    pub(super) fn commit_staged(
+        &self,
+        state: &mut NodeState,
+        staged: Staged,
+    ) -> Result<(), ApiError> {
         if staged.changes() == 0 {
             return Ok(());
         }

@@ -205,7 +205,7 @@ impl Agent {
         let store = self.store_state();
         s.uptime_secs = self.started.elapsed().as_secs();
         s.store = store.to_string();
-        s.store_synced = self.cfg.etcd.is_none() || store.is_synced();
+        s.store_synced = !self.cfg.has_store() || store.is_synced();
         (s.ready, s.not_ready) = match self.not_ready(&p, &store) {
             Some(why) => (false, Some(why)),
             None => (true, None),
@@ -237,8 +237,11 @@ impl Agent {
         if let Some(why) = &p.not_attached {
             return Some(why.clone());
         }
-        if self.cfg.etcd.is_some() && !store.is_synced() {
+        if self.cfg.has_store() && !store.is_synced() {
             return Some(store.to_string());
+        }
+        if let Some(why) = self.kube_not_synced() {
+            return Some(why);
         }
         None
     }
@@ -469,7 +472,7 @@ impl Agent {
 }
 
 /// A status with what the configuration says and nothing gathered.
-pub(super) fn base_status(
+pub fn base_status(
     cfg: &crate::config::AgentConfig,
     pod_cidr: ipnet::Ipv4Net,
     mtu: u32,

@@ -5,10 +5,18 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc};
 use clap::{Args as _, FromArgMatches as _, Parser, Subcommand};
 use rivet::{
     agent::{self, Agent, AgentError, RECONCILE_INTERVAL},
-    cluster::etcd::EtcdCluster,
+    cluster::{
+        etcd::EtcdCluster,
+        kubernetes::{
+            self,
+            node::{OwnNode, Published},
+            watch::{self, NodeWatch},
+        },
+    },
     config::{AgentConfig, FAULT_STEPS, FileConfig, TEST_FAULTS_ENV},
     datapath::{self, pins::PinLayout},
     netlink::netns,
+    server::waiting::Waiting,
 };
 
 #[derive(Parser)]
@@ -163,15 +171,65 @@ async fn register(cfg: &mut AgentConfig) -> Result<Option<EtcdCluster>, AgentErr
     Ok(Some(cluster))
 }
 
+/// With the Kubernetes source: waits for this node's pod CIDR in its Node
+/// object (answering not ready meanwhile), publishes flannel's annotations
+/// and the `NetworkUnavailable=False` condition on the Node, and returns
+/// what the Node watch needs.
+async fn register_kube(cfg: &mut AgentConfig) -> Result<Option<NodeWatch>, AgentError> {
+    let Some(settings) = cfg.kubernetes.clone() else {
+        return Ok(None);
+    };
+    let node_ip = agent::uplink_ipv4(cfg).await?.ok_or(AgentError::NoNodeIp)?;
+    let client = kubernetes::connect(&settings).await?;
+    let own = OwnNode::new(client, &cfg.node_name);
+    let waiting = Waiting::start(cfg, format!("reading Node {}", cfg.node_name)).await?;
+    let (pod_cidr, node) = own
+        .wait_for_pod_cidr(cfg.cluster_cidr, &|why| waiting.say(why))
+        .await;
+    waiting.stop().await;
+    let published = Published {
+        mode: cfg.mode,
+        vni: cfg.vni,
+        port: cfg.vxlan_port,
+        node_ip,
+        vtep_mac: rivet::cluster::node::vtep_mac_for(node_ip),
+    };
+    if let Err(e) = own.publish(&published, &node).await {
+        // The Node watch publishes again when it sees them missing.
+        tracing::warn!(error = %e, "publishing the Node's annotations");
+    }
+    if let Err(e) = own.set_network_available().await {
+        tracing::warn!(error = %e, "setting the Node's NetworkUnavailable condition");
+    }
+    tracing::info!(node = %cfg.node_name, %pod_cidr, "pod CIDR from the Node object");
+    cfg.pod_cidr = pod_cidr;
+    Ok(Some(NodeWatch {
+        node_name: cfg.node_name.clone(),
+        published,
+        default_vni: cfg.vni,
+    }))
+}
+
 async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     let etcd = register(&mut cfg).await?;
+    let kube = register_kube(&mut cfg).await?;
+    let kube_settings = cfg.kubernetes.clone();
     let socket = cfg.socket.clone();
     let pod_cidr = cfg.pod_cidr;
     let agent = Arc::new(Agent::start(cfg, lock, dp, pod_cidr).await?);
     if let Some(cluster) = etcd {
         tokio::spawn(cluster.run(Arc::clone(&agent)));
+    }
+    let mut watches = Vec::new();
+    if let (Some(settings), Some(node_watch)) = (kube_settings, kube) {
+        watches.push(tokio::spawn(watch::nodes(
+            settings.clone(),
+            node_watch,
+            Arc::clone(&agent),
+        )));
+        watches.push(tokio::spawn(watch::objects(settings, Arc::clone(&agent))));
     }
     let nat_collector = tokio::spawn(Arc::clone(&agent).collect_nat());
     let events = {
@@ -215,6 +273,9 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     rivet::server::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
     reconciler.abort();
     nat_collector.abort();
+    for w in &watches {
+        w.abort();
+    }
     events.abort();
     if let Some(m) = metrics {
         m.abort();
@@ -244,6 +305,7 @@ async fn load(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     register(&mut cfg).await?;
+    register_kube(&mut cfg).await?;
     let pin_dir = cfg.pin_dir.clone();
     let pod_cidr = cfg.pod_cidr;
     let agent = Agent::start(cfg, lock, dp, pod_cidr).await?;

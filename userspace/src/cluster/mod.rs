@@ -13,6 +13,8 @@
 //! IP (`0e:72:<ip>`), so a peer's MAC is known from its address alone.
 
 pub mod etcd;
+pub mod flannel;
+pub mod kubernetes;
 pub mod node;
 
 use std::{collections::BTreeMap, net::Ipv4Addr};

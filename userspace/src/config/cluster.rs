@@ -1,4 +1,5 @@
-//! The cross-node section: mode, cluster CIDR, VXLAN, etcd.
+//! The cross-node section: mode, cluster CIDR, VXLAN, the cluster's source
+//! (etcd or the Kubernetes API).
 
 use ipnet::Ipv4Net;
 use serde::Deserialize;
@@ -79,6 +80,17 @@ pub struct EtcdSettings {
     pub lease_ttl: u64,
 }
 
+/// The Kubernetes API as the cluster's source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// kubeconfig file; `None` = the pod's service account (in-cluster).
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+/// The environment variable the kubelet sets in every pod: its presence
+/// makes `kubernetes` the default source.
+pub const IN_CLUSTER_ENV: &str = "KUBERNETES_SERVICE_HOST";
+
 /// The cross-node settings, validated.
 pub(super) struct Cluster {
     pub(super) mode: Mode,
@@ -86,6 +98,7 @@ pub(super) struct Cluster {
     pub(super) vni: u32,
     pub(super) vxlan_port: u16,
     pub(super) etcd: Option<EtcdSettings>,
+    pub(super) kubernetes: Option<KubeSettings>,
 }
 
 pub(super) fn cluster(file: &FileConfig) -> Result<Cluster, ConfigError> {
@@ -115,12 +128,62 @@ pub(super) fn cluster(file: &FileConfig) -> Result<Cluster, ConfigError> {
     if vxlan_port == 0 {
         return Err(invalid("vxlan_port", vxlan_port, "must be 1..=65535"));
     }
+    let etcd = etcd(file)?;
+    let in_cluster = std::env::var_os(IN_CLUSTER_ENV).is_some_and(|v| !v.is_empty());
+    let source = match file.source.as_deref() {
+        None if etcd.is_some() => "etcd",
+        None if in_cluster || file.kubeconfig.is_some() => "kubernetes",
+        None => "standalone",
+        Some(s) => s,
+    };
+    let kubernetes = match source {
+        "kubernetes" if etcd.is_some() => {
+            return Err(invalid(
+                "etcd_endpoints",
+                "…",
+                "the kubernetes source keeps no etcd: remove etcd_endpoints or set source = \"etcd\"",
+            ));
+        }
+        "kubernetes" => Some(KubeSettings {
+            kubeconfig: file.kubeconfig.clone(),
+        }),
+        "etcd" if etcd.is_none() => {
+            return Err(invalid(
+                "source",
+                source,
+                "the etcd source needs etcd_endpoints",
+            ));
+        }
+        "standalone" if etcd.is_some() => {
+            return Err(invalid(
+                "source",
+                source,
+                "a standalone node uses no etcd_endpoints",
+            ));
+        }
+        "etcd" | "standalone" => None,
+        other => {
+            return Err(invalid(
+                "source",
+                other,
+                "one of standalone, etcd, kubernetes",
+            ));
+        }
+    };
+    if kubernetes.is_none() && file.kubeconfig.is_some() {
+        return Err(invalid(
+            "kubeconfig",
+            "…",
+            format!("only the kubernetes source reads a kubeconfig (source is {source})"),
+        ));
+    }
     Ok(Cluster {
         mode: file.mode.unwrap_or_default(),
         cluster_cidr,
         vni,
         vxlan_port,
-        etcd: etcd(file)?,
+        etcd,
+        kubernetes,
     })
 }
 

@@ -93,6 +93,18 @@ pub struct FileConfig {
     /// VXLAN UDP port (default 8472).
     #[arg(long, help_heading = "Cross-node")]
     pub vxlan_port: Option<u16>,
+    /// Where the cluster's nodes and objects come from: `standalone`,
+    /// `etcd` (flannel's etcd schema) or `kubernetes` (the API server:
+    /// Node objects, Services, EndpointSlices, Pods, Namespaces,
+    /// NetworkPolicies). Default: `etcd` with `etcd_endpoints`, else
+    /// `kubernetes` inside a pod (`KUBERNETES_SERVICE_HOST` set), else
+    /// `standalone`.
+    #[arg(long, help_heading = "Cross-node")]
+    pub source: Option<String>,
+    /// kubeconfig file for the `kubernetes` source when rivetd does not
+    /// run in a pod (default: the pod's service account).
+    #[arg(long, help_heading = "Cross-node")]
+    pub kubeconfig: Option<PathBuf>,
     /// etcd endpoints, comma-separated on the command line (cluster mode);
     /// none = a single node.
     #[arg(long, value_delimiter = ',', help_heading = "Cross-node")]
@@ -374,13 +386,24 @@ mod tests {
         keys.sort();
         shown.sort();
         assert_eq!(shown, keys, "every key, once, in deploy/rivet.toml");
-        // Its values are consistent too (with a node name for the host's).
+        // Its values are consistent too (with a node name for the host's),
+        // each source's keys with its own.
         let resolve = super::super::AgentConfig::resolve;
         resolve(FileConfig {
             node_name: Some("node1".into()),
+            source: None,
+            kubeconfig: None,
             ..file.clone()
         })
-        .expect("the example's values resolve");
+        .expect("the example's values resolve (etcd)");
+        resolve(FileConfig {
+            node_name: Some("node1".into()),
+            etcd_endpoints: None,
+            etcd_prefix: None,
+            etcd_lease_ttl: None,
+            ..file.clone()
+        })
+        .expect("the example's values resolve (kubernetes)");
         // And, but for the ones that are examples of a choice, each is the
         // default ("every option, with its default").
         let examples = FileConfig {
@@ -411,6 +434,8 @@ mod tests {
                 ebpf_object: None,
                 no_masquerade: None,
                 node_name: examples.node_name,
+                source: None,
+                kubeconfig: None,
                 ..file
             })
             .expect("the example's values"),

@@ -25,7 +25,7 @@ use ipnet::Ipv4Net;
 pub use self::{
     cluster::{
         DEFAULT_CLUSTER_CIDR, DEFAULT_ETCD_PREFIX, DEFAULT_VNI, DEFAULT_VXLAN_PORT, EtcdSettings,
-        Mode,
+        IN_CLUSTER_ENV, KubeSettings, Mode,
     },
     datapath::{AttachMode, ObjectSource},
     file::FileConfig,
@@ -106,8 +106,11 @@ pub struct AgentConfig {
     pub vni: u32,
     /// VXLAN UDP port.
     pub vxlan_port: u16,
-    /// etcd settings; `None` = single node (routes only through the API).
+    /// etcd settings; `None` = no etcd.
     pub etcd: Option<EtcdSettings>,
+    /// The Kubernetes API source; `None` = not this source. With neither
+    /// it nor etcd the node is standalone (routes only through the API).
+    pub kubernetes: Option<KubeSettings>,
     /// Masquerade settings.
     pub nat: NatSettings,
     /// Map capacities.
@@ -175,6 +178,12 @@ fn absolute(key: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
 }
 
 impl AgentConfig {
+    /// Whether a cluster store (etcd or the Kubernetes API) feeds the
+    /// node: readiness then waits for it to be in sync.
+    pub fn has_store(&self) -> bool {
+        self.etcd.is_some() || self.kubernetes.is_some()
+    }
+
     /// Applies defaults and validates, section by section, then what
     /// binds the sections together.
     pub fn resolve(file: FileConfig) -> Result<Self, ConfigError> {
@@ -185,8 +194,12 @@ impl AgentConfig {
         let frag_budget = limits::frag_budget(&file)?;
         let limits = limits::map_limits(&file, nat.max_entries)?;
 
-        // With etcd the lease decides the node's pod CIDR.
-        if cluster.etcd.is_none() && !cluster.cluster_cidr.contains(&node.pod_cidr) {
+        // With etcd the lease decides the node's pod CIDR, with the
+        // Kubernetes source its Node object.
+        if cluster.etcd.is_none()
+            && cluster.kubernetes.is_none()
+            && !cluster.cluster_cidr.contains(&node.pod_cidr)
+        {
             return Err(invalid(
                 "pod_cidr",
                 &node.pod_cidr_text,
@@ -218,6 +231,7 @@ impl AgentConfig {
             vni: cluster.vni,
             vxlan_port: cluster.vxlan_port,
             etcd: cluster.etcd,
+            kubernetes: cluster.kubernetes,
             nat,
             limits,
             frag_budget,

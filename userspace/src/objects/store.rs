@@ -154,6 +154,42 @@ impl ObjectStore {
     /// keeps the stored object's.
     pub fn stage_apply(&self, objects: Vec<Object>) -> Staged {
         let mut staged = self.staged();
+        Self::apply_into(&mut staged, objects);
+        staged
+    }
+
+    /// Stages removing the objects `keys` name: each deleted or not found.
+    pub fn stage_delete(&self, keys: Vec<ObjectKey>) -> Staged {
+        let mut staged = self.staged();
+        Self::delete_into(&mut staged, keys);
+        staged
+    }
+
+    /// Stages one batch of a source's changes: `applied` stored as
+    /// [`Self::stage_apply`] does, then `deleted` removed.
+    pub fn stage_changes(&self, applied: Vec<Object>, deleted: Vec<ObjectKey>) -> Staged {
+        let mut staged = self.staged();
+        Self::apply_into(&mut staged, applied);
+        Self::delete_into(&mut staged, deleted);
+        staged
+    }
+
+    /// Stages `objects` as the complete set of `kind` (a source's list):
+    /// each stored as [`Self::stage_apply`] does, and every stored object
+    /// of `kind` not among them removed. Objects equal to the stored ones
+    /// change nothing.
+    pub fn stage_replace(&self, kind: Kind, objects: Vec<Object>) -> Staged {
+        let listed: BTreeSet<ObjectKey> = objects.iter().map(Object::key).collect();
+        let gone: Vec<ObjectKey> = self
+            .set
+            .of_kind(kind)
+            .map(|o| o.key())
+            .filter(|k| !listed.contains(k))
+            .collect();
+        self.stage_changes(objects, gone)
+    }
+
+    fn apply_into(staged: &mut Staged, objects: Vec<Object>) {
         for mut object in objects {
             let key = object.key();
             let outcome = match staged.next.get(&key) {
@@ -184,12 +220,9 @@ impl ObjectStore {
             }
             staged.results.push((key, outcome));
         }
-        staged
     }
 
-    /// Stages removing the objects `keys` name: each deleted or not found.
-    pub fn stage_delete(&self, keys: Vec<ObjectKey>) -> Staged {
-        let mut staged = self.staged();
+    fn delete_into(staged: &mut Staged, keys: Vec<ObjectKey>) {
         for key in keys {
             let outcome = if staged.next.remove(&key).is_some() {
                 staged.writes.remove(&key);
@@ -200,7 +233,6 @@ impl ObjectStore {
             };
             staged.results.push((key, outcome));
         }
-        staged
     }
 
     fn staged(&self) -> Staged {

@@ -89,6 +89,13 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         }
         _ => {}
     }
+    // With the Kubernetes source a pod's labels come from its Pod object:
+    // the ADD waits for it (not holding the node state).
+    if let Request::EndpointAdd(spec) = &request
+        && let Some(pod) = &spec.pod
+    {
+        agent.await_pod_object(&pod.namespace, &pod.name).await?;
+    }
     let state = agent.lock().await;
     let changes = matches!(
         request,

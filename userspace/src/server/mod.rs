@@ -21,6 +21,7 @@
 mod dispatch;
 pub mod health_checks;
 pub mod metrics;
+pub mod waiting;
 
 use std::{
     os::unix::fs::PermissionsExt as _,
