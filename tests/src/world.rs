@@ -589,6 +589,14 @@ impl World {
         }
     }
 
+    /// The address the next pod added on node `n` gets (what a kubelet
+    /// would report in the Pod's `status.podIPs`).
+    pub fn next_pod_ip(&self, n: usize) -> Ipv4Addr {
+        let node = &self.nodes[n];
+        let net: ipnet::Ipv4Net = node.pod_cidr.parse().expect("pod CIDR");
+        Ipv4Addr::from(u32::from(net.network()) + u32::from(node.next_host))
+    }
+
     /// Creates a pod namespace on node `n` and attaches it through the agent.
     pub fn add_pod(&mut self, n: usize) -> usize {
         self.add_pod_with_ports(n, Vec::new())

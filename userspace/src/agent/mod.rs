@@ -50,6 +50,7 @@ use std::{
 use rivet_common::{NodeConfig, config_flags, ipv4_key, map_names, program_names};
 use tokio::sync::{Mutex, MutexGuard};
 
+pub use self::kube::POD_WAIT as KUBE_POD_WAIT;
 pub use self::status::{Published, RequestMetrics, STATUS_INTERVAL, StoreState, map_warnings};
 
 use crate::{
