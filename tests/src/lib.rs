@@ -17,6 +17,7 @@
 //! |---|---|
 //! | `netns` | `Netns`: `ip netns add` guard; `command()` runs through `nsenter --net=` (unlike `ip netns exec` it keeps `/sys`, so bpffs stays visible); `exec(closure)` runs on a dedicated thread that `setns`es |
 //! | `world` | `World`: the underlay bridge (it stands for a switch, so bridge netfilter is off there), nodes (`eth0` on the bridge, their own agent, pin dir, state dir, socket, log), pods created through the agent API, an outside host; drop order: pods, nodes (agent stopped, `rivetd unload`, pins removed), outside, underlay, scratch dir |
+//! | `apiserver` | `ApiServer`: the Kubernetes API server the agents' API source is tested against (the suite's only stand-in: no kube-apiserver runs on these machines): the real JSON wire protocol for nodes, pods, services, namespaces, EndpointSlices and NetworkPolicies, with chunked lists, watches, patches and test hooks; `kubectl` proves it in `tests/tests/apiserver.rs` |
 //! | `agent` | `AgentProc`: spawns `rivetd`, waits for its socket, SIGTERM (then SIGKILL) on drop |
 //! | `traffic` | ping, TCP transfer with byte counts, iperf3 client/server |
 //! | `continuity` | paced streams, sequenced UDP and a 10 ms attachment poller for the restart and upgrade tests |
@@ -59,6 +60,7 @@
 //! hostPort vs transit), `limits.rs` (full endpoints and routes maps).
 
 pub mod agent;
+pub mod apiserver;
 pub mod capture;
 pub mod cni;
 pub mod continuity;

@@ -28,6 +28,7 @@ const APT_PACKAGES: &[(&str, &[&str])] = &[
     ),
     ("nftables", &["/usr/sbin/nft"]),
     ("ipset", &["/usr/sbin/ipset"]),
+    ("kubernetes-client", &["/usr/bin/kubectl"]),
     ("bpftool", &["/usr/sbin/bpftool"]),
     ("tcpdump", &["/usr/bin/tcpdump"]),
     ("ethtool", &["/usr/sbin/ethtool"]),
