@@ -19,7 +19,8 @@ use hyper::{
 };
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
 
 use super::{
     PatchRecord, RequestRecord, Shared, Verb, discovery, lock, patch,
@@ -33,8 +34,9 @@ use super::{
 pub enum Body {
     /// The whole body (taken when sent).
     Full(Option<Bytes>),
-    /// Chunks until the sender goes; an error aborts the connection.
-    Stream(mpsc::Receiver<Result<Bytes, io::Error>>),
+    /// Chunks until the sender goes; fails (which aborts the connection)
+    /// once the watch is dropped.
+    Stream(watch::Stream),
 }
 
 impl hyper::body::Body for Body {
@@ -47,7 +49,12 @@ impl hyper::body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         match self.get_mut() {
             Self::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Self::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
+            Self::Stream(w) => {
+                if w.aborted.load(Ordering::SeqCst) {
+                    return Poll::Ready(Some(Err(io::Error::other("watch dropped by the test"))));
+                }
+                w.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+            }
         }
     }
 
@@ -65,7 +72,12 @@ impl hyper::body::Body for Body {
 }
 
 /// The server thread: a current-thread runtime serving until `stop`.
-pub fn run(shared: Arc<Shared>, listener: std::net::TcpListener, stop: oneshot::Receiver<()>) {
+pub fn run(
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    tls: TlsAcceptor,
+    stop: oneshot::Receiver<()>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -91,22 +103,32 @@ pub fn run(shared: Arc<Shared>, listener: std::net::TcpListener, stop: oneshot::
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
                     let _ = stream.set_nodelay(true);
-                    let shared = shared.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req| {
-                            let shared = shared.clone();
-                            async move { Ok::<_, Infallible>(handle(shared, req).await) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
+                    tokio::spawn(connection(shared.clone(), stream, tls.clone()));
                 }
             }
         }
     });
     // Dropping the runtime cancels every connection and watch task.
     drop(rt);
+}
+
+/// Serves one connection: TLS if it starts with a TLS handshake record,
+/// plain HTTP/1.1 otherwise.
+async fn connection(shared: Arc<Shared>, stream: tokio::net::TcpStream, tls: TlsAcceptor) {
+    let mut first = [0u8; 1];
+    let is_tls = matches!(stream.peek(&mut first).await, Ok(1) if first[0] == 0x16);
+    let svc = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+    });
+    let http = hyper::server::conn::http1::Builder::new();
+    if is_tls {
+        if let Ok(stream) = tls.accept(stream).await {
+            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+        }
+    } else {
+        let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+    }
 }
 
 fn respond(code: u16, body: Bytes) -> Response<Body> {
@@ -228,7 +250,7 @@ fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
     Route::Resource(Target { res, ns, name, sub })
 }
 
-fn header_str<'a>(req: &'a Request<Incoming>, name: header::HeaderName) -> &'a str {
+fn header_str(req: &Request<Incoming>, name: header::HeaderName) -> &str {
     req.headers()
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -643,7 +665,7 @@ fn watch_collection(
     } else {
         start
     };
-    let rx = watch::spawn(
+    let stream = watch::spawn(
         shared.clone(),
         watch::Params {
             res: t.res,
@@ -655,7 +677,7 @@ fn watch_collection(
             timeout,
         },
     );
-    let mut response = Response::new(Body::Stream(rx));
+    let mut response = Response::new(Body::Stream(stream));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),

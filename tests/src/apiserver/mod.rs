@@ -5,9 +5,13 @@
 //! drive is the real program (etcd, containerd, podman, the CNI plugins,
 //! iptables); kube-apiserver cannot be installed on the machines the suite
 //! runs on, so agents whose source of truth is the Kubernetes API talk to
-//! this server instead. It serves plain HTTP with bearer tokens, JSON only,
-//! from a listener bound inside a test's network namespace (the underlay:
-//! [`World::start_apiserver`] binds 192.168.<k>.1:6443).
+//! this server instead. It serves JSON with bearer tokens from a listener
+//! bound inside a test's network namespace (the underlay:
+//! [`World::start_apiserver`] binds 192.168.<k>.1:6443), over TLS (a CA and
+//! a serving certificate made at start; [`ApiServer::write_kubeconfig_tls`])
+//! or plain HTTP on the same port (a connection that starts with a TLS
+//! handshake gets TLS). client-go, hence kubectl, sends credentials only
+//! over TLS; kube-rs sends them over plain HTTP too.
 //!
 //! `tests/tests/apiserver.rs` proves it speaks the protocol: Debian's
 //! `kubectl` (package `kubernetes-client`, installed by `cargo xtask
@@ -110,6 +114,7 @@ mod patch;
 mod resources;
 mod select;
 mod store;
+mod tls;
 mod watch;
 
 use std::{
@@ -239,6 +244,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct ApiServer {
     shared: Arc<Shared>,
+    ca_pem: String,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -292,14 +298,17 @@ impl ApiServer {
                 .collect(),
             addr: local,
         });
+        let tls = tls::Tls::new(addr).unwrap_or_else(|e| panic!("{e}"));
+        let acceptor = tls.acceptor.clone();
         let (stop, stop_rx) = oneshot::channel();
         let server = shared.clone();
         let thread = std::thread::Builder::new()
             .name("apiserver".into())
-            .spawn(move || http::run(server, listener, stop_rx))
+            .spawn(move || http::run(server, listener, acceptor, stop_rx))
             .expect("spawning the API server thread");
         Self {
             shared,
+            ca_pem: tls.ca_pem,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -310,9 +319,20 @@ impl ApiServer {
         self.shared.addr
     }
 
-    /// `http://<addr>:<port>`.
+    /// `http://<addr>:<port>` (plain HTTP; bearer tokens are accepted
+    /// over it).
     pub fn url(&self) -> String {
         format!("http://{}", self.shared.addr)
+    }
+
+    /// `https://<addr>:<port>`: the same port, with TLS.
+    pub fn url_tls(&self) -> String {
+        format!("https://{}", self.shared.addr)
+    }
+
+    /// The PEM of the CA that signed the server's certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
     }
 
     /// The first valid token.
@@ -333,25 +353,47 @@ impl ApiServer {
         self.shared.unauthorized.load(Ordering::Relaxed)
     }
 
-    fn kubeconfig(&self, user: &str) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: rivet-test\n  cluster:\n    server: {}\ncontexts:\n- name: rivet-test\n  context:\n    cluster: rivet-test\n    user: rivet-test\n    namespace: default\ncurrent-context: rivet-test\nusers:\n- name: rivet-test\n  user:\n{user}",
-            self.url()
-        )
+    /// Writes a kubeconfig for this server: `tls` picks `https://` with
+    /// the CA in `certificate-authority-data` (client-go, hence kubectl,
+    /// sends credentials only over TLS) or `http://`; the user has the
+    /// current first token, or `tokenFile: <token_file>` (clients re-read
+    /// it, so rotation is rewriting the file and [`Self::set_tokens`]).
+    pub fn write_kubeconfig_with(&self, path: &Path, tls: bool, token_file: Option<&Path>) {
+        use base64::Engine as _;
+        let cluster = if tls {
+            format!(
+                "    server: {}\n    certificate-authority-data: {}\n",
+                self.url_tls(),
+                base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)
+            )
+        } else {
+            format!("    server: {}\n", self.url())
+        };
+        let user = match token_file {
+            Some(f) => format!("    tokenFile: {}\n", f.display()),
+            None => format!("    token: {}\n", self.token()),
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: rivet-test\n  cluster:\n{cluster}contexts:\n- name: rivet-test\n  context:\n    cluster: rivet-test\n    user: rivet-test\n    namespace: default\ncurrent-context: rivet-test\nusers:\n- name: rivet-test\n  user:\n{user}"
+        );
+        std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 
-    /// Writes a kubeconfig for this server with the current first token.
+    /// Writes a kubeconfig with `server: http://…` and the current first
+    /// token (for clients that send tokens over plain HTTP, as kube-rs does).
     pub fn write_kubeconfig(&self, path: &Path) {
-        let text = self.kubeconfig(&format!("    token: {}\n", self.token()));
-        std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        self.write_kubeconfig_with(path, false, None);
     }
 
-    /// Writes a kubeconfig whose user reads its token from `token_file`
-    /// (`tokenFile:`; clients re-read it, so rotation can be tested by
-    /// rewriting the file and calling [`Self::set_tokens`]).
+    /// Writes a kubeconfig with `server: http://…` and `tokenFile:`.
     pub fn write_kubeconfig_token_file(&self, path: &Path, token_file: &Path) {
-        let text = self.kubeconfig(&format!("    tokenFile: {}\n", token_file.display()));
-        std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        self.write_kubeconfig_with(path, false, Some(token_file));
+    }
+
+    /// Writes a kubeconfig with `server: https://…`, the CA and the
+    /// current first token (what kubectl needs).
+    pub fn write_kubeconfig_tls(&self, path: &Path) {
+        self.write_kubeconfig_with(path, true, None);
     }
 
     /// Creates or replaces an object (whole, status included) directly in

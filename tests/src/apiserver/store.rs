@@ -302,6 +302,10 @@ pub enum Part {
     Whole,
 }
 
+/// One page of a list: items, the list's resourceVersion, the next
+/// continue token.
+pub type Page = (Vec<Arc<Obj>>, u64, Option<String>);
+
 /// A frozen list for continue tokens.
 #[derive(Debug)]
 struct Snapshot {
@@ -644,13 +648,14 @@ impl Store {
                 v
             }
             Part::Main | Part::Whole => {
-                if part == Part::Main && r.status {
-                    if let Some(m) = value.as_object_mut() {
-                        match old.value.get("status") {
-                            Some(s) => m.insert("status".into(), s.clone()),
-                            None => m.remove("status"),
-                        };
-                    }
+                if part == Part::Main
+                    && r.status
+                    && let Some(m) = value.as_object_mut()
+                {
+                    match old.value.get("status") {
+                        Some(s) => m.insert("status".into(), s.clone()),
+                        None => m.remove("status"),
+                    };
                 }
                 // Fields the server owns.
                 for field in ["uid", "creationTimestamp", "generation"] {
@@ -765,7 +770,7 @@ impl Store {
         filter: &Filter,
         limit: usize,
         cont: Option<&str>,
-    ) -> Result<(Vec<Arc<Obj>>, u64, Option<String>), ApiError> {
+    ) -> Result<Page, ApiError> {
         let (id, rv, map, after) = match cont {
             Some(token) => {
                 let (rv, id, key) = decode_continue(token)?;
@@ -834,7 +839,7 @@ fn encode_continue(rv: u64, id: u64, key: &Key) -> String {
 
 fn decode_continue(token: &str) -> Result<(u64, u64, Key), ApiError> {
     let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes: Vec<u8> = (0..token.len())

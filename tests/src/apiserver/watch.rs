@@ -2,9 +2,11 @@
 //! from its own cursor and writing one JSON event per line.
 
 use std::{
-    io,
     ops::Bound,
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -131,22 +133,71 @@ fn visible(p: &Params, e: &Event) -> Option<&'static str> {
     }
 }
 
-/// Starts the watch task; returns the receiving end of its stream.
-pub fn spawn(shared: Arc<Shared>, p: Params) -> mpsc::Receiver<Result<Bytes, io::Error>> {
-    let (tx, rx) = mpsc::channel(16);
-    shared.watching[p.res].fetch_add(1, Ordering::SeqCst);
-    let gauge = Gauge(shared.clone(), p.res);
-    tokio::spawn(async move {
-        let _gauge = gauge;
-        run(shared, p, tx).await;
-    });
-    rx
+/// The receiving end of a watch: its chunks, and a flag set when the test
+/// drops the watch (the body then fails, which aborts the connection).
+pub struct Stream {
+    /// Chunks (each whole lines).
+    pub rx: mpsc::Receiver<Bytes>,
+    /// Set by [`super::ApiServer::drop_watches`].
+    pub aborted: Arc<AtomicBool>,
 }
 
-async fn run(shared: Arc<Shared>, p: Params, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
+/// Starts the watch task; returns the receiving end of its stream.
+pub fn spawn(shared: Arc<Shared>, p: Params) -> Stream {
+    let (tx, rx) = mpsc::channel(16);
+    let aborted = Arc::new(AtomicBool::new(false));
+    shared.watching[p.res].fetch_add(1, Ordering::SeqCst);
+    let gauge = Gauge(shared.clone(), p.res);
+    // Subscribed before the response goes out: a drop_watches() after
+    // the client saw the headers always reaches this watch.
+    let drop_rx = shared.drop_tx.subscribe();
+    let flag = aborted.clone();
+    tokio::spawn(async move {
+        let _gauge = gauge;
+        let mut out = Out { tx, drop_rx };
+        if run(&shared, &p, &mut out).await == Flow::Aborted {
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
+    Stream { rx, aborted }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Go,
+    Stop,
+    Aborted,
+}
+
+/// The sending side, which gives up when the test drops watches.
+struct Out {
+    tx: mpsc::Sender<Bytes>,
+    drop_rx: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Out {
+    async fn send(&mut self, data: Bytes) -> Flow {
+        if data.is_empty() {
+            return Flow::Go;
+        }
+        tokio::select! {
+            r = self.tx.send(data) => if r.is_ok() { Flow::Go } else { Flow::Stop },
+            _ = self.drop_rx.changed() => Flow::Aborted,
+        }
+    }
+}
+
+macro_rules! send {
+    ($out:expr, $data:expr) => {
+        match $out.send($data).await {
+            Flow::Go => {}
+            other => return other,
+        }
+    };
+}
+
+async fn run(shared: &Shared, p: &Params, out: &mut Out) -> Flow {
     let mut rv_rx = shared.rv_tx.subscribe();
-    let mut drop_rx = shared.drop_tx.subscribe();
-    drop_rx.borrow_and_update();
     let deadline = Instant::now() + p.timeout;
     let every = *lock(&shared.bookmark_interval);
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
@@ -179,17 +230,13 @@ async fn run(shared: Arc<Shared>, p: Params, tx: mpsc::Sender<Result<Bytes, io::
     };
     match first {
         Err(e) => {
-            let _ = tx.send(Ok(e)).await;
-            return;
+            send!(out, e);
+            return Flow::Stop;
         }
-        Ok(out) => {
-            if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
-                return;
-            }
-        }
+        Ok(bytes) => send!(out, Bytes::from(bytes)),
     }
-    if p.initial_events_end && tx.send(Ok(bookmark(p.res, cursor, true))).await.is_err() {
-        return;
+    if p.initial_events_end {
+        send!(out, bookmark(p.res, cursor, true));
     }
 
     loop {
@@ -200,44 +247,33 @@ async fn run(shared: Arc<Shared>, p: Params, tx: mpsc::Sender<Result<Bytes, io::
                 Err(expired(cursor, store.oldest))
             } else {
                 let from = store.history.partition_point(|e| e.rv <= cursor);
-                let mut out = Vec::new();
+                let mut bytes = Vec::new();
                 for e in store.history.range(from..) {
-                    if let Some(kind) = visible(&p, e) {
-                        line(&mut out, kind, &e.obj);
+                    if let Some(kind) = visible(p, e) {
+                        line(&mut bytes, kind, &e.obj);
                     }
                 }
                 cursor = cursor.max(store.rv);
-                Ok(out)
+                Ok(bytes)
             }
         };
         match chunk {
             Err(e) => {
-                let _ = tx.send(Ok(e)).await;
-                return;
+                send!(out, e);
+                return Flow::Stop;
             }
-            Ok(out) => {
-                if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
-                    return;
-                }
-            }
+            Ok(bytes) => send!(out, Bytes::from(bytes)),
         }
         tokio::select! {
             changed = rv_rx.changed() => {
                 if changed.is_err() {
-                    return;
+                    return Flow::Stop;
                 }
             }
-            _ = tick.tick(), if p.bookmarks => {
-                if tx.send(Ok(bookmark(p.res, cursor, false))).await.is_err() {
-                    return;
-                }
-            }
-            () = tokio::time::sleep_until(deadline) => return,
-            _ = drop_rx.changed() => {
-                let _ = tx.send(Err(io::Error::other("watch dropped by the test"))).await;
-                return;
-            }
-            () = tx.closed() => return,
+            _ = tick.tick(), if p.bookmarks => send!(out, bookmark(p.res, cursor, false)),
+            () = tokio::time::sleep_until(deadline) => return Flow::Stop,
+            _ = out.drop_rx.changed() => return Flow::Aborted,
+            () = out.tx.closed() => return Flow::Stop,
         }
     }
 }
