@@ -103,6 +103,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: logs in files and journals stay
+        // plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(&cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
@@ -173,9 +176,10 @@ async fn register(cfg: &mut AgentConfig) -> Result<Option<EtcdCluster>, AgentErr
 
 /// With the Kubernetes source: waits for this node's pod CIDR in its Node
 /// object (answering not ready meanwhile), publishes flannel's annotations
-/// and the `NetworkUnavailable=False` condition on the Node, and returns
-/// what the Node watch needs.
-async fn register_kube(cfg: &mut AgentConfig) -> Result<Option<NodeWatch>, AgentError> {
+/// and the `NetworkUnavailable=False` condition on the Node, and returns what
+/// the Node watch needs, and the not-ready answers (still answering,
+/// "starting", until the agent's own socket and port take over).
+async fn register_kube(cfg: &mut AgentConfig) -> Result<Option<(NodeWatch, Waiting)>, AgentError> {
     let Some(settings) = cfg.kubernetes.clone() else {
         return Ok(None);
     };
@@ -186,7 +190,7 @@ async fn register_kube(cfg: &mut AgentConfig) -> Result<Option<NodeWatch>, Agent
     let (pod_cidr, node) = own
         .wait_for_pod_cidr(cfg.cluster_cidr, &|why| waiting.say(why))
         .await;
-    waiting.stop().await;
+    waiting.say(format!("starting with pod CIDR {pod_cidr}"));
     let published = Published {
         mode: cfg.mode,
         vni: cfg.vni,
@@ -203,11 +207,12 @@ async fn register_kube(cfg: &mut AgentConfig) -> Result<Option<NodeWatch>, Agent
     }
     tracing::info!(node = %cfg.node_name, %pod_cidr, "pod CIDR from the Node object");
     cfg.pod_cidr = pod_cidr;
-    Ok(Some(NodeWatch {
+    let watch = NodeWatch {
         node_name: cfg.node_name.clone(),
         published,
         default_vni: cfg.vni,
-    }))
+    };
+    Ok(Some((watch, waiting)))
 }
 
 async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
@@ -221,6 +226,11 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     let agent = Arc::new(Agent::start(cfg, lock, dp, pod_cidr).await?);
     if let Some(cluster) = etcd {
         tokio::spawn(cluster.run(Arc::clone(&agent)));
+    }
+    let (kube, waiting) = kube.unzip();
+    if let Some(waiting) = waiting {
+        // The agent's own socket and port are bound next.
+        waiting.stop().await;
     }
     let mut watches = Vec::new();
     if let (Some(settings), Some(node_watch)) = (kube_settings, kube) {
@@ -305,7 +315,9 @@ async fn load(mut cfg: AgentConfig) -> Result<(), AgentError> {
     agent::preflight(&cfg).await?;
     let (lock, dp) = agent::prepare(&cfg)?;
     register(&mut cfg).await?;
-    register_kube(&mut cfg).await?;
+    if let Some((_, waiting)) = register_kube(&mut cfg).await? {
+        waiting.stop().await;
+    }
     let pin_dir = cfg.pin_dir.clone();
     let pod_cidr = cfg.pod_cidr;
     let agent = Agent::start(cfg, lock, dp, pod_cidr).await?;
