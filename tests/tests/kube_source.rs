@@ -18,7 +18,7 @@ use std::{
 use rivet_api::{AgentStatus, ErrorKind, PodMeta, Request, Response};
 use rivet_tests::{
     World,
-    apiserver::{ApiServer, Verb},
+    apiserver::{Verb, node_object},
     cni::{Plugin, rivet_conf},
     kube::{reach_tcp, rivetctl, tell_self_tcp},
     metrics::http_get,
@@ -52,78 +52,6 @@ fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Du
     start.elapsed()
 }
 
-fn node_object(name: &str, pod_cidr: Option<&str>) -> Value {
-    let mut spec = json!({});
-    if let Some(c) = pod_cidr {
-        spec = json!({"podCIDR": c, "podCIDRs": [c]});
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
-        "spec": spec,
-        "status": {"conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
-        ]},
-    })
-}
-
-fn kubeconfig(w: &World, api: &ApiServer, n: usize) -> PathBuf {
-    let path = w.dir().join(format!("n{}.kubeconfig", n + 1));
-    api.write_kubeconfig(&path);
-    path
-}
-
-/// Sets node `n`'s agent to take everything from `api`, in `mode`.
-fn kube_args(w: &mut World, api: &ApiServer, n: usize, mode: &str) {
-    let kc = kubeconfig(w, api, n);
-    w.nodes[n].agent_args.extra_args = vec![
-        "--source".into(),
-        "kubernetes".into(),
-        "--kubeconfig".into(),
-        kc.display().to_string(),
-        "--mode".into(),
-        mode.into(),
-    ];
-}
-
-/// Waits until node `n`'s agent is ready (its podCIDR read, every kind
-/// listed).
-fn wait_ready(w: &World, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // (Between the not-ready answers and the agent's own socket there
-        // is an instant without a socket.)
-        let s = match w.nodes[n].agent().client().call(&Request::Status {}) {
-            Ok(Response::Status(s)) => Ok(s),
-            other => Err(format!("{other:?}")),
-        };
-        if s.as_ref().is_ok_and(|s| s.ready) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} not ready: {:?}\nlog:\n{}",
-            w.nodes[n].name,
-            s.map(|s| s.not_ready),
-            w.nodes[n].agent().log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A node whose Node object (with its podCIDR) is in `api`, running an
-/// agent fed by `api`, ready.
-fn kube_node(w: &mut World, api: &ApiServer, mode: &str) -> usize {
-    let n = w.add_node();
-    let (name, cidr) = (w.nodes[n].name.clone(), w.nodes[n].pod_cidr.clone());
-    api.apply(node_object(&name, Some(&cidr)));
-    kube_args(w, api, n, mode);
-    w.start_agent(n);
-    wait_ready(w, n);
-    n
-}
-
 fn annotation(node: &Value, key: &str) -> String {
     node["metadata"]["annotations"][format!("{ANN}{key}")]
         .as_str()
@@ -138,7 +66,7 @@ fn annotation(node: &Value, key: &str) -> String {
 fn three_nodes_from_node_objects_reach_each_others_pods() {
     let mut w = World::new();
     let api = w.start_apiserver();
-    let nodes: Vec<usize> = (0..3).map(|_| kube_node(&mut w, &api, "vxlan")).collect();
+    let nodes: Vec<usize> = (0..3).map(|_| w.add_kube_node(&api, "vxlan")).collect();
     for &n in &nodes {
         let (name, ip) = (w.nodes[n].name.clone(), w.nodes[n].ip);
         let s = status(&w, n);
@@ -201,7 +129,7 @@ fn waits_for_its_pod_cidr_and_says_why() {
     let n = w.add_node();
     let (name, cidr) = (w.nodes[n].name.clone(), w.nodes[n].pod_cidr.clone());
     api.apply(node_object(&name, None));
-    kube_args(&mut w, &api, n, "vxlan");
+    w.use_apiserver(&api, n, "vxlan");
     w.start_agent(n);
     eventually("waiting reason", Duration::from_secs(10), || {
         status(&w, n)
@@ -228,7 +156,7 @@ fn waits_for_its_pod_cidr_and_says_why() {
 
     // The controller-manager allocates it.
     api.apply(node_object(&name, Some(&cidr)));
-    wait_ready(&w, n);
+    w.wait_agent_ready(n, Duration::from_secs(30));
     assert_eq!(status(&w, n).pod_cidr, cidr);
     plugin
         .simple("STATUS", &conf)
@@ -249,7 +177,7 @@ fn waits_for_its_pod_cidr_and_says_why() {
 fn flannel_node_known_by_its_annotations_exchanges_traffic() {
     let mut w = World::new();
     let api = w.start_apiserver();
-    let r = kube_node(&mut w, &api, "vxlan");
+    let r = w.add_kube_node(&api, "vxlan");
     let rpod = w.add_pod(r);
     let f = w.add_node(); // no agent: the flannel-style node
     let fsubnet: ipnet::Ipv4Net = w.nodes[f].pod_cidr.parse().expect("subnet");
@@ -301,7 +229,7 @@ fn flannel_node_known_by_its_annotations_exchanges_traffic() {
 fn deleted_node_leaves_the_other_nodes() {
     let mut w = World::new();
     let api = w.start_apiserver();
-    let nodes: Vec<usize> = (0..3).map(|_| kube_node(&mut w, &api, "vxlan")).collect();
+    let nodes: Vec<usize> = (0..3).map(|_| w.add_kube_node(&api, "vxlan")).collect();
     let gone = w.nodes[nodes[2]].pod_cidr.clone();
     for &n in &nodes[..2] {
         eventually("three nodes", Duration::from_secs(5), || {
@@ -363,8 +291,8 @@ fn connects(w: &World, from: usize, dst: SocketAddr) -> bool {
 fn services_and_policies_from_the_api_and_watches_that_never_flap() {
     let mut w = World::new();
     let api = w.start_apiserver();
-    let a = kube_node(&mut w, &api, "vxlan");
-    let b = kube_node(&mut w, &api, "vxlan");
+    let a = w.add_kube_node(&api, "vxlan");
+    let b = w.add_kube_node(&api, "vxlan");
     let (na, nb) = (w.nodes[a].name.clone(), w.nodes[b].name.clone());
     api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": "shop", "labels": {"team": "shop"}}}));
@@ -498,7 +426,7 @@ fn services_and_policies_from_the_api_and_watches_that_never_flap() {
     let stopped = w.nodes[a].agent_mut().stop().expect("it ran");
     assert!(stopped.success(), "SIGTERM: {stopped:?}");
     w.nodes[a].agent_mut().restart();
-    wait_ready(&w, a);
+    w.wait_agent_ready(a, Duration::from_secs(30));
     let after = w.nodes[a].agent().log()[before_a..].to_owned();
     assert!(
         !after.contains("node left") && !after.contains("node joined"),
@@ -538,7 +466,7 @@ fn services_and_policies_from_the_api_and_watches_that_never_flap() {
 fn add_waits_for_its_pod_object() {
     let mut w = World::new();
     let api = w.start_apiserver();
-    let n = kube_node(&mut w, &api, "vxlan");
+    let n = w.add_kube_node(&api, "vxlan");
     let name = w.nodes[n].name.clone();
     let ip = w.next_pod_ip(n);
     let api_ref = &api;
@@ -605,7 +533,7 @@ fn rotated_token_is_picked_up() {
         kc.display().to_string(),
     ];
     w.start_agent(n);
-    wait_ready(&w, n);
+    w.wait_agent_ready(n, Duration::from_secs(30));
 
     std::fs::write(&token_file, "rotated-token").expect("new token");
     api.set_tokens(&["rotated-token"]);

@@ -559,4 +559,81 @@ impl World {
     pub fn start_apiserver(&self) -> ApiServer {
         ApiServer::start(&self.underlay, Ipv4Addr::new(192, 168, self.k, 1), PORT)
     }
+
+    /// Sets node `n`'s agent to take everything from `api` (`source =
+    /// "kubernetes"`, a kubeconfig in the world's directory), in `mode`.
+    pub fn use_apiserver(&mut self, api: &ApiServer, n: usize, mode: &str) {
+        let kubeconfig = self.dir.join(format!("n{}.kubeconfig", n + 1));
+        api.write_kubeconfig(&kubeconfig);
+        self.nodes[n].agent_args.extra_args = vec![
+            "--source".into(),
+            "kubernetes".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--mode".into(),
+            mode.into(),
+        ];
+    }
+
+    /// Adds a node whose Node object (named as the node, with its pod CIDR
+    /// as `spec.podCIDR`, Ready) is in `api`, and starts its agent fed by
+    /// `api`; returns once the agent is ready (pod CIDR read, every kind
+    /// listed).
+    pub fn add_kube_node(&mut self, api: &ApiServer, mode: &str) -> usize {
+        let n = self.add_node();
+        let (name, cidr) = (self.nodes[n].name.clone(), self.nodes[n].pod_cidr.clone());
+        api.apply(node_object(&name, Some(&cidr)));
+        self.use_apiserver(api, n, mode);
+        self.start_agent(n);
+        self.wait_agent_ready(n, Duration::from_secs(30));
+        n
+    }
+
+    /// Waits until node `n`'s agent reports ready; panics with its reason
+    /// and log after `limit`.
+    pub fn wait_agent_ready(&self, n: usize, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            // (Between an agent's not-ready answers and its own socket there
+            // is an instant without a socket.)
+            let s = match self.nodes[n]
+                .agent()
+                .client()
+                .call(&rivet_api::Request::Status {})
+            {
+                Ok(rivet_api::Response::Status(s)) => Ok(s),
+                other => Err(format!("{other:?}")),
+            };
+            if s.as_ref().is_ok_and(|s| s.ready) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} not ready: {:?}\nlog:\n{}",
+                self.nodes[n].name,
+                s.map(|s| s.not_ready),
+                self.nodes[n].agent().log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A Node object as the kubelet registers it (Linux, Ready), with
+/// `pod_cidr` as `spec.podCIDR(s)` when the controller-manager gave one.
+pub fn node_object(name: &str, pod_cidr: Option<&str>) -> Value {
+    let spec = match pod_cidr {
+        Some(c) => serde_json::json!({"podCIDR": c, "podCIDRs": [c]}),
+        None => serde_json::json!({}),
+    };
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+        "spec": spec,
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "kubelet is posting ready status"}
+        ]},
+    })
 }
