@@ -11,7 +11,6 @@
 use std::{
     collections::BTreeSet,
     net::{Ipv4Addr, SocketAddr},
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
