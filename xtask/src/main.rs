@@ -73,6 +73,10 @@ enum Cmd {
         /// Number of nodes.
         #[arg(long, default_value_t = 2)]
         nodes: usize,
+        /// Where the cluster lives: etcd, or kubernetes (nodes, the Service
+        /// and the policy fed through the test Kubernetes API server).
+        #[arg(long, default_value = "etcd")]
+        source: String,
     },
     /// Build, then install this machine as a rivet node (`rivetctl
     /// install`): rivetd and rivetctl in /usr/local/bin, rivet-cni and its
@@ -232,7 +236,12 @@ fn run(cmd: Cmd) -> Result<()> {
                     .arg("unload"),
             )
         }
-        Cmd::Demo { keep, mode, nodes } => {
+        Cmd::Demo {
+            keep,
+            mode,
+            nodes,
+            source,
+        } => {
             build()?;
             let mut cmd = cargo();
             cmd.env("RIVET_CNI_BIN", static_cni(true)?);
@@ -246,7 +255,14 @@ fn run(cmd: Cmd) -> Result<()> {
                 "rivet-demo",
                 "--",
             ]);
-            cmd.args(["--mode", &mode, "--nodes", &nodes.to_string()]);
+            cmd.args([
+                "--mode",
+                &mode,
+                "--nodes",
+                &nodes.to_string(),
+                "--source",
+                &source,
+            ]);
             if keep {
                 cmd.arg("--keep");
             }

@@ -3,23 +3,34 @@
 //! a Service (ClusterIP + NodePort) with backends on every node, the
 //! agents' view of it, a NetworkPolicy default deny with one allow (a
 //! denied and an allowed connection, their verdict events), then cleanup
-//! (or `--keep`).
+//! (or `--keep`). With `--source kubernetes` the cluster lives in the test
+//! API server instead of etcd (`rivet_tests::apiserver`): the nodes' subnets
+//! come from their Node objects, and the Service, the Pods and the policy
+//! are written to the API, not applied with rivetctl.
 
 use std::{process::Command, time::Duration};
 
 use clap::Parser;
 use rivet_api::{Request, Response};
 use rivet_tests::{
-    World, bin,
+    World,
+    apiserver::ApiServer,
+    bin,
     traffic::{iperf3_client, iperf3_server, ping},
 };
+use serde::Deserialize as _;
 
 #[derive(Parser)]
-#[command(about = "rivet demo: nodes and pods in network namespaces, cluster state in etcd")]
+#[command(
+    about = "rivet demo: nodes and pods in network namespaces, cluster state in etcd or the Kubernetes API"
+)]
 struct Args {
     /// Cross-node mode: vxlan, ipip, native, hybrid.
     #[arg(long, default_value = "vxlan")]
     mode: String,
+    /// Where the cluster lives: etcd, or kubernetes (the test API server).
+    #[arg(long, default_value = "etcd")]
+    source: String,
     /// Nodes.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
@@ -47,6 +58,48 @@ fn rivetctl(socket: &std::path::Path, args: &[&str]) {
         .expect("running rivetctl");
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Where the objects go: every agent through `rivetctl apply`, or the
+/// API server the agents watch.
+enum Feed {
+    Etcd,
+    Api(ApiServer),
+}
+
+impl Feed {
+    /// Publishes the objects of the YAML `doc`; true on success.
+    fn publish(&self, w: &World, nodes: &[usize], doc: &str) -> bool {
+        match self {
+            Feed::Etcd => nodes.iter().all(|&n| {
+                println!("rivetctl apply -f - on {}:", w.nodes[n].name);
+                apply(w.nodes[n].agent().socket(), doc)
+            }),
+            Feed::Api(api) => {
+                for part in serde_yaml::Deserializer::from_str(doc) {
+                    let value = match serde_json::Value::deserialize(part) {
+                        Ok(v) if !v.is_null() => v,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            eprintln!("the demo's YAML: {e}");
+                            return false;
+                        }
+                    };
+                    let stored = api.apply(value);
+                    println!(
+                        "written to the Kubernetes API: {} {}/{} (resourceVersion {})",
+                        stored["kind"].as_str().unwrap_or("?"),
+                        stored["metadata"]["namespace"].as_str().unwrap_or(""),
+                        stored["metadata"]["name"].as_str().unwrap_or("?"),
+                        stored["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap_or("?"),
+                    );
+                }
+                true
+            }
+        }
+    }
 }
 
 /// `rivetctl apply -f -` of `doc` on the agent at `socket`; true on success.
@@ -83,7 +136,7 @@ fn apply(socket: &std::path::Path, doc: &str) -> bool {
 /// A ClusterIP + NodePort Service with the last pod of every node as a
 /// backend: connections from a pod spread over them, an outside host
 /// reaches the NodePort, `rivetctl services` shows the counters.
-fn services(w: &mut World, nodes: &[usize], pods: &[usize]) {
+fn services(w: &mut World, feed: &Feed, nodes: &[usize], pods: &[usize]) {
     use std::io::{Read as _, Write as _};
     const PORT: u16 = 8080;
     let backends: Vec<usize> = nodes
@@ -114,12 +167,11 @@ fn services(w: &mut World, nodes: &[usize], pods: &[usize]) {
         "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{{name: http, port: 80, targetPort: http, nodePort: 30080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: {PORT}}}]\nendpoints:\n{endpoints}"
     );
     println!("{doc}");
-    for &n in nodes {
-        println!("rivetctl apply -f - on {}:", w.nodes[n].name);
-        if !apply(w.nodes[n].agent().socket(), &doc) {
-            return;
-        }
+    if !feed.publish(w, nodes, &doc) {
+        return;
     }
+    // (From the API the agents take it within a watch event.)
+    std::thread::sleep(Duration::from_millis(300));
     let reach = |ns: &rivet_tests::Netns, dst: std::net::SocketAddr| {
         ns.exec(|| std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2)))
             .and_then(|mut c| {
@@ -159,32 +211,42 @@ fn services(w: &mut World, nodes: &[usize], pods: &[usize]) {
 /// node) accepts TCP 5432 from `web` (on the last node) only; `other`
 /// (beside `db`) is refused. The verdicts as `rivetctl monitor` shows them
 /// on `db`'s node, then `rivetctl policy demo/db`.
-fn policy(w: &mut World, nodes: &[usize]) {
+fn policy(w: &mut World, feed: &Feed, nodes: &[usize]) {
     use std::io::Read as _;
     const PORT: u16 = 5432;
     let (first, last) = (nodes[0], nodes[nodes.len() - 1]);
     step("NetworkPolicy: namespace demo, default deny ingress, db accepts web on TCP 5432");
-    let db = w.add_k8s_pod(first, "demo", "db");
-    let other = w.add_k8s_pod(first, "demo", "other");
-    let web = w.add_k8s_pod(last, "demo", "web");
-    let l = rivet_tests::traffic::listen(&w.pods[db].ns, PORT);
-    std::thread::spawn(move || for _c in l.incoming().flatten() {});
-    let mut doc = String::from("apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n");
-    for (p, app) in [(db, "db"), (other, "other"), (web, "web")] {
-        doc += &format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {app}, namespace: demo, labels: {{app: {app}}}}}\nspec: {{containers: [{{name: c, image: x}}]}}\nstatus: {{podIP: \"{}\"}}\n",
-            w.pods[p].ip
-        );
+    // The Namespace and each Pod object (with the address its ADD gets, as
+    // the kubelet reports it) before the pod: from the API, an ADD waits
+    // for its Pod.
+    if !feed.publish(
+        w,
+        nodes,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n",
+    ) {
+        return;
     }
-    let policies = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: default-deny, namespace: demo}\nspec: {podSelector: {}}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db-from-web, namespace: demo}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: web}}}]\n    ports: [{port: 5432}]\n";
-    println!("{policies}");
-    doc += "---\n";
-    doc += policies;
-    for &n in nodes {
-        if !apply(w.nodes[n].agent().socket(), &doc) {
+    let mut added = Vec::new();
+    for (n, app) in [(first, "db"), (first, "other"), (last, "web")] {
+        let doc = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {app}, namespace: demo, labels: {{app: {app}}}}}\nspec: {{nodeName: {}, containers: [{{name: c, image: x}}]}}\nstatus: {{podIP: \"{}\"}}\n",
+            w.nodes[n].name,
+            w.next_pod_ip(n)
+        );
+        if !feed.publish(w, nodes, &doc) {
             return;
         }
+        added.push(w.add_k8s_pod(n, "demo", app));
     }
+    let (db, other, web) = (added[0], added[1], added[2]);
+    let l = rivet_tests::traffic::listen(&w.pods[db].ns, PORT);
+    std::thread::spawn(move || for _c in l.incoming().flatten() {});
+    let policies = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: default-deny, namespace: demo}\nspec: {podSelector: {}}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db-from-web, namespace: demo}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: web}}}]\n    ports: [{port: 5432}]\n";
+    println!("{policies}");
+    if !feed.publish(w, nodes, policies) {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300));
     let socket = w.nodes[first].agent().socket().to_owned();
     let monitor = Command::new(bin("rivetctl"))
         .arg("--socket")
@@ -239,24 +301,65 @@ fn main() {
         eprintln!("--mode must be vxlan, ipip, native or hybrid");
         std::process::exit(2);
     }
+    if !["etcd", "kubernetes"].contains(&args.source.as_str()) {
+        eprintln!("--source must be etcd or kubernetes");
+        std::process::exit(2);
+    }
     let nodes_n = args.nodes.clamp(1, 10);
+    let store = if args.source == "etcd" {
+        "etcd"
+    } else {
+        "the test Kubernetes API server"
+    };
     step(&format!(
-        "building the world: underlay bridge, etcd, {nodes_n} node(s) in {} mode",
+        "building the world: underlay bridge, {store}, {nodes_n} node(s) in {} mode",
         args.mode
     ));
     let mut w = World::new();
-    let etcd = w.start_etcd();
-    println!(
-        "etcd at {etcd} (in the underlay namespace {})",
-        w.underlay.name()
-    );
+    // (Declared after the world: the API server stops first.)
+    let feed = if args.source == "etcd" {
+        let etcd = w.start_etcd();
+        println!(
+            "etcd at {etcd} (in the underlay namespace {})",
+            w.underlay.name()
+        );
+        Feed::Etcd
+    } else {
+        let api = w.start_apiserver();
+        println!(
+            "Kubernetes API at {} (in the underlay namespace {}); each agent: source = \"kubernetes\", a kubeconfig",
+            api.url(),
+            w.underlay.name()
+        );
+        Feed::Api(api)
+    };
     let nodes: Vec<usize> = (0..nodes_n)
-        .map(|_| w.add_etcd_node(&args.mode, 10))
+        .map(|_| match &feed {
+            Feed::Etcd => w.add_etcd_node(&args.mode, 10),
+            Feed::Api(api) => w.add_kube_node(api, &args.mode),
+        })
         .collect();
     for &n in &nodes {
+        let whence = match &feed {
+            Feed::Etcd => "leased in etcd",
+            Feed::Api(_) => "its Node's spec.podCIDR",
+        };
         println!(
-            "node {:<14} uplink {:<15} pod subnet {:<16} (leased in etcd)",
+            "node {:<14} uplink {:<15} pod subnet {:<16} ({whence})",
             w.nodes[n].name, w.nodes[n].ip, w.nodes[n].pod_cidr
+        );
+    }
+    if let Feed::Api(api) = &feed
+        && let Some(node) = api.get("nodes", "", &w.nodes[nodes[0]].name)
+    {
+        step("the first Node object's annotations and conditions, as rivet published them");
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&node["metadata"]["annotations"]).unwrap_or_default()
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&node["status"]["conditions"]).unwrap_or_default()
         );
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -355,8 +458,8 @@ fn main() {
         );
     }
 
-    services(&mut w, &nodes, &pods);
-    policy(&mut w, &nodes);
+    services(&mut w, &feed, &nodes, &pods);
+    policy(&mut w, &feed, &nodes);
 
     let socket = w.nodes[nodes[0]].agent().socket().to_owned();
     step(&format!(
@@ -405,11 +508,23 @@ fn main() {
             w.prefix
         );
         w.keep();
+        if matches!(feed, Feed::Api(_)) {
+            println!(
+                "the test API server ends with this program: the agents keep the state they have and retry the API"
+            );
+        }
         // etcd keeps running too.
         if let Some(etcd) = w.etcd.take() {
             std::mem::forget(etcd);
         }
     } else {
-        step("cleaning up (agents stopped, pins removed, etcd stopped, namespaces deleted)");
+        step(&format!(
+            "cleaning up (agents stopped, pins removed, {} stopped, namespaces deleted)",
+            if matches!(feed, Feed::Api(_)) {
+                "API server"
+            } else {
+                "etcd"
+            }
+        ));
     }
 }

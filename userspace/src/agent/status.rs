@@ -83,11 +83,11 @@ impl fmt::Display for StoreState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Standalone => f.write_str("single-node"),
-            Self::Connecting => f.write_str("etcd: connecting"),
-            Self::Synced { peers } => write!(f, "etcd: synced ({peers} peers)"),
+            Self::Connecting => f.write_str("connecting"),
+            Self::Synced { peers } => write!(f, "synced ({peers} peers)"),
             Self::Lost { since, reason } => write!(
                 f,
-                "etcd: reconnecting ({reason}) for {}s",
+                "reconnecting ({reason}) for {}s",
                 since.elapsed().as_secs()
             ),
         }
@@ -204,7 +204,7 @@ impl Agent {
         let mut s = p.status.clone();
         let store = self.store_state();
         s.uptime_secs = self.started.elapsed().as_secs();
-        s.store = store.to_string();
+        s.store = self.cfg.store_text(&store);
         s.store_synced = !self.cfg.has_store() || store.is_synced();
         (s.ready, s.not_ready) = match self.not_ready(&p, &store) {
             Some(why) => (false, Some(why)),
@@ -238,7 +238,7 @@ impl Agent {
             return Some(why.clone());
         }
         if self.cfg.has_store() && !store.is_synced() {
-            return Some(store.to_string());
+            return Some(self.cfg.store_text(store));
         }
         if let Some(why) = self.kube_not_synced() {
             return Some(why);
@@ -579,7 +579,7 @@ mod tests {
         let s = StoreState::Connecting.after(StoreReport::Synced { peers: 3 });
         assert_eq!(s, StoreState::Synced { peers: 3 });
         assert!(s.is_synced());
-        assert_eq!(s.to_string(), "etcd: synced (3 peers)");
+        assert_eq!(s.to_string(), "synced (3 peers)");
         let lost = s.after(StoreReport::Lost {
             reason: "connection refused".into(),
         });
@@ -596,7 +596,7 @@ mod tests {
         assert!(
             again
                 .to_string()
-                .starts_with("etcd: reconnecting (timed out) for ")
+                .starts_with("reconnecting (timed out) for ")
         );
         assert_eq!(StoreState::Standalone.to_string(), "single-node");
     }

@@ -184,6 +184,24 @@ impl AgentConfig {
         self.etcd.is_some() || self.kubernetes.is_some()
     }
 
+    /// The source's name: `etcd`, `kubernetes` or `standalone`.
+    pub fn source_name(&self) -> &'static str {
+        match (&self.etcd, &self.kubernetes) {
+            (Some(_), _) => "etcd",
+            (None, Some(_)) => "kubernetes",
+            (None, None) => "standalone",
+        }
+    }
+
+    /// A store state as the status shows it: `etcd: synced (2 peers)`.
+    pub fn store_text(&self, state: &impl std::fmt::Display) -> String {
+        if self.has_store() {
+            format!("{}: {state}", self.source_name())
+        } else {
+            state.to_string()
+        }
+    }
+
     /// Applies defaults and validates, section by section, then what
     /// binds the sections together.
     pub fn resolve(file: FileConfig) -> Result<Self, ConfigError> {

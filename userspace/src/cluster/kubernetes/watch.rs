@@ -108,11 +108,15 @@ pub async fn nodes<S: ClusterSink>(settings: KubeSettings, watch: NodeWatch, sin
                         }
                         let now = remote(&n, watch.default_vni);
                         apply_peer(&*sink, &mut known, name, now).await;
+                        let peers = known.len();
+                        sink.state(StoreReport::Synced { peers }).await;
                     }
                     Ok(watcher::Event::Delete(n)) => {
                         if let Some(name) = node_name(&n) {
                             apply_peer(&*sink, &mut known, name, None).await;
                         }
+                        let peers = known.len();
+                        sink.state(StoreReport::Synced { peers }).await;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "watching Nodes");
