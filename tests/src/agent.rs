@@ -35,12 +35,22 @@ pub struct AgentArgs {
     pub env: Vec<(String, String)>,
     /// Extra rivetd flags (e.g. `--pod-attach tcx`).
     pub extra_args: Vec<String>,
+    /// A command rivetd runs under (its path and arguments follow), e.g.
+    /// `unshare --mount …` to give it a mount namespace of its own.
+    pub wrapper: Vec<String>,
 }
 
 impl AgentArgs {
     /// The rivetd command line (without subcommand).
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(crate::bin("rivetd"));
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(crate::bin("rivetd"));
+                c
+            }
+            None => Command::new(crate::bin("rivetd")),
+        };
         cmd.arg("--netns")
             .arg(&self.netns)
             .arg("--node-name")

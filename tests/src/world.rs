@@ -438,6 +438,7 @@ impl World {
             log: self.dir.join(format!("n{i}.log")),
             env: Vec::new(),
             extra_args: Vec::new(),
+            wrapper: Vec::new(),
         };
         self.nodes.push(Node {
             name,

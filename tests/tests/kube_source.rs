@@ -11,6 +11,7 @@
 use std::{
     collections::BTreeSet,
     net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -555,5 +556,97 @@ fn rotated_token_is_picked_up() {
     assert!(
         api.unauthorized() > refused,
         "the old token was refused at least once"
+    );
+}
+
+/// The directories a test made for a mount point, removed (if empty) when
+/// it ends.
+struct MadeDirs(Vec<PathBuf>);
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for d in self.0.iter().rev() {
+            if let Err(e) = std::fs::remove_dir(d) {
+                eprintln!("warning: removing {}: {e}", d.display());
+            }
+        }
+    }
+}
+
+/// In a pod: no kubeconfig and no `source` key, only what the kubelet gives
+/// every pod — `KUBERNETES_SERVICE_HOST`/`PORT` and the service account's
+/// token, CA and namespace under /var/run/secrets (bind-mounted in a mount
+/// namespace of the agent's own; the API server's TLS certificate is
+/// signed by that CA). The agent picks the kubernetes source by itself and
+/// runs.
+#[test]
+fn runs_in_a_pod_from_its_service_account() {
+    const SA: &str = "/run/secrets/kubernetes.io/serviceaccount";
+    let mut w = World::new();
+    let api = w.start_apiserver();
+    let n = w.add_node();
+    let (name, cidr) = (w.nodes[n].name.clone(), w.nodes[n].pod_cidr.clone());
+    api.apply(node_object(&name, Some(&cidr)));
+    // The mount point (this machine has no /run/secrets; it is made for
+    // the test and removed after).
+    let mut made = MadeDirs(Vec::new());
+    for d in ["/run/secrets", "/run/secrets/kubernetes.io", SA] {
+        let d = PathBuf::from(d);
+        if !d.exists() {
+            std::fs::create_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+            made.0.push(d);
+        }
+    }
+    assert!(
+        std::fs::read_dir(SA)
+            .expect("the mount point")
+            .next()
+            .is_none(),
+        "{SA} is not empty on this machine: refusing to shadow it"
+    );
+    let secrets = w.dir().join("serviceaccount");
+    std::fs::create_dir(&secrets).expect("secrets dir");
+    std::fs::write(secrets.join("token"), api.token()).expect("token");
+    std::fs::write(secrets.join("ca.crt"), api.ca_pem()).expect("ca.crt");
+    std::fs::write(secrets.join("namespace"), "kube-system").expect("namespace");
+    let addr = api.addr();
+    let args = &mut w.nodes[n].agent_args;
+    args.env = vec![
+        ("KUBERNETES_SERVICE_HOST".into(), addr.ip().to_string()),
+        ("KUBERNETES_SERVICE_PORT".into(), addr.port().to_string()),
+    ];
+    args.wrapper = vec![
+        "unshare".into(),
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        format!("mount --bind \"$0\" {SA} && exec \"$@\""),
+        secrets.display().to_string(),
+    ];
+    w.start_agent(n);
+    w.wait_agent_ready(n, Duration::from_secs(30));
+    let s = status(&w, n);
+    assert_eq!(s.pod_cidr, cidr);
+    assert!(s.store.starts_with("kubernetes: synced"), "{}", s.store);
+    let obj = api.get("nodes", "", &name).expect("the Node");
+    assert_eq!(annotation(&obj, "public-ip"), w.nodes[n].ip.to_string());
+    let tls = api
+        .requests()
+        .iter()
+        .filter(|r| r.tls && r.resource == "nodes")
+        .count();
+    assert!(
+        tls > 0,
+        "the agent talked TLS, verified against the service account's CA"
+    );
+    assert!(
+        std::fs::read_dir(SA)
+            .expect("the mount point")
+            .next()
+            .is_none(),
+        "the token was mounted for the agent only"
     );
 }

@@ -119,7 +119,7 @@ async fn connection(shared: Arc<Shared>, stream: tokio::net::TcpStream, tls: Tls
     let is_tls = matches!(stream.peek(&mut first).await, Ok(1) if first[0] == 0x16);
     let svc = hyper::service::service_fn(move |req| {
         let shared = shared.clone();
-        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+        async move { Ok::<_, Infallible>(handle(shared, req, is_tls).await) }
     });
     let http = hyper::server::conn::http1::Builder::new();
     if is_tls {
@@ -257,7 +257,7 @@ fn header_str(req: &Request<Incoming>, name: header::HeaderName) -> &str {
         .unwrap_or("")
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>, tls: bool) -> Response<Body> {
     let auth = header_str(&req, header::AUTHORIZATION);
     let authorized = auth.strip_prefix("Bearer ").is_some_and(|t| {
         let t = t.trim();
@@ -276,7 +276,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 error(&ApiError::method_not_allowed())
             }
         }
-        Route::Resource(t) => resource(shared, req, t).await,
+        Route::Resource(t) => resource(shared, req, t, tls).await,
     }
 }
 
@@ -286,7 +286,12 @@ struct Answer {
     verb: Verb,
 }
 
-async fn resource(shared: Arc<Shared>, req: Request<Incoming>, t: Target) -> Response<Body> {
+async fn resource(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    t: Target,
+    tls: bool,
+) -> Response<Body> {
     let q = query(req.uri());
     let user_agent = header_str(&req, header::USER_AGENT).to_string();
     let record = |verb: Verb, code: u16| RequestRecord {
@@ -305,6 +310,7 @@ async fn resource(shared: Arc<Shared>, req: Request<Incoming>, t: Target) -> Res
             .is_some_and(|v| v == "true" || v == "1"),
         code,
         user_agent: user_agent.clone(),
+        tls,
     };
     let answer = match dispatch(&shared, req, &t, &q).await {
         Ok(a) => a,

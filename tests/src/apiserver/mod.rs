@@ -185,6 +185,8 @@ pub struct RequestRecord {
     pub code: u16,
     /// The `User-Agent` header.
     pub user_agent: String,
+    /// It came over TLS.
+    pub tls: bool,
 }
 
 /// One PATCH the server received.
