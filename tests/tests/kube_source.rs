@@ -223,13 +223,42 @@ fn flannel_node_known_by_its_annotations_exchanges_traffic() {
     assert_eq!(moved, 1 << 20);
 }
 
-/// A Node deleted from the API leaves every other node's maps within 1 s; a
-/// Node whose podCIDR changes moves there.
+/// A Node added, changed (its podCIDR) or deleted reaches every other
+/// node's maps within 1 s; so does a Node losing flannel's annotations (no
+/// network agent there any more: no peer).
 #[test]
-fn deleted_node_leaves_the_other_nodes() {
+fn node_changes_reach_the_other_nodes_within_a_second() {
     let mut w = World::new();
     let api = w.start_apiserver();
     let nodes: Vec<usize> = (0..3).map(|_| w.add_kube_node(&api, "vxlan")).collect();
+    // A peer with no namespace behind it (nothing is sent to it): added,
+    // moved to another podCIDR, stripped of its annotations.
+    let (k, peer) = (w.k, "peer-x");
+    let peer_object = |cidr: &str, annotated: bool| {
+        let mut obj = node_object(peer, Some(cidr));
+        if annotated {
+            obj["metadata"]["annotations"] = json!({
+                format!("{ANN}backend-type"): "vxlan",
+                format!("{ANN}public-ip"): format!("192.168.{k}.201"),
+            });
+        }
+        obj
+    };
+    let (first, moved) = (format!("10.{k}.201.0/24"), format!("10.{k}.202.0/24"));
+    let within = |what: &str, cond: &dyn Fn(&BTreeSet<String>) -> bool| {
+        for &n in &nodes {
+            let took = eventually(what, Duration::from_secs(1), || cond(&nodes_seen(&w, n)));
+            eprintln!("{}: {what} after {took:?}", w.nodes[n].name);
+        }
+    };
+    api.apply(peer_object(&first, true));
+    within("Node added", &|s| s.contains(&first));
+    api.apply(peer_object(&moved, true));
+    within("podCIDR changed", &|s| {
+        s.contains(&moved) && !s.contains(&first)
+    });
+    api.apply(peer_object(&moved, false));
+    within("annotations removed", &|s| !s.contains(&moved));
     let gone = w.nodes[nodes[2]].pod_cidr.clone();
     for &n in &nodes[..2] {
         eventually("three nodes", Duration::from_secs(5), || {
