@@ -24,6 +24,9 @@ use crate::{
     objects::{Kind, Object, ObjectKey},
 };
 
+/// Lists at least this long are followed by a heap trim.
+const TRIM_AFTER_OBJECTS: usize = 1000;
+
 /// How long an ADD waits for its Pod object from the API server.
 pub const POD_WAIT: Duration = Duration::from_secs(10);
 
@@ -121,6 +124,9 @@ impl Agent {
 impl ObjectSink for Agent {
     async fn replace(&self, kind: Kind, objects: Vec<Object>) {
         let count = objects.len();
+        // A large list's transient copies (the client's pages, the typed
+        // objects) go back to the system once it is stored.
+        let _trim = (count >= TRIM_AFTER_OBJECTS).then_some(super::objects::TrimHeap);
         let result = {
             let mut state = self.lock().await;
             let staged = state.objects.stage_replace(kind, objects);
