@@ -22,9 +22,16 @@
 //! an `etcdctl watch`) until every other node's pinned ROUTES map holds the
 //! subnet; then it leaves (`rivetd unload` deletes its key) until every map
 //! has dropped it.
+//!
+//! (d) The Kubernetes API as the source: 1,000 Node objects (simulated
+//! peers), 10,000 Services and 10,000 EndpointSlices of 10 endpoints in the
+//! test API server before one agent starts; its initial sync to ready
+//! (with the maps checked), the convergence of one new Node, one new
+//! Service and one endpoint added to a slice into the pinned maps, and the
+//! agent's memory and CPU after the sync, idle and under endpoint churn.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, Write as _},
     net::Ipv4Addr,
     path::{Path, PathBuf},
@@ -33,7 +40,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{LpmTrie, Map, MapData, MapError, lpm_trie::Key};
+use aya::maps::{HashMap as AyaHashMap, LpmTrie, Map, MapData, MapError, lpm_trie::Key};
 use ipnet::Ipv4Net;
 use rivet::{
     cluster::{Cluster, RemoteNode},
@@ -45,10 +52,14 @@ use rivet_api::{
     Endpoint, EndpointRef, EndpointSpec, EndpointState, NodeEntry, PortMapping, Protocol, Request,
     Response,
 };
-use rivet_common::{EndpointInfo, RouteInfo, endpoint_flags, ipv4_from_key, ipv4_key, map_names};
+use rivet_common::{
+    EndpointInfo, EndpointKey, PeerInfo, RouteInfo, SvcBackend, SvcBackendKey, SvcInfo, SvcKey,
+    endpoint_flags, ipv4_from_key, ipv4_key, map_names, svc_scope,
+};
+use serde_json::{Value, json};
 
 use crate::{Options, Report, percentile, progress};
-use rivet_tests::{Netns, World, traffic::ChildGuard, unique_prefix};
+use rivet_tests::{Netns, World, apiserver::node_object, traffic::ChildGuard, unique_prefix};
 
 /// Entries per bulk measurement (routes: capped by the ROUTES map's size).
 const ENTRIES: usize = 10_000;
@@ -463,12 +474,66 @@ fn one_change(
     })
 }
 
+/// (a) Bulk map updates: the agent's code on a private datapath and the
+/// kernel peers, interleaved per round.
+fn bulk_part(report: &mut Report, opts: &Options, prefix: &str, started: Instant) {
+    progress("control: loading a private datapath");
+    let mut private = PrivateDatapath::load(prefix);
+    let capacity = routes_capacity(private.layout.root());
+    let r = routes_in_table(capacity);
+    let ipr = ip_route_ns(prefix);
+    let nft = nft_ns(prefix);
+    // Warm-up.
+    code_routes(&mut private, r.min(500));
+    code_endpoints(&mut private, 500);
+    code_hostports(&mut private, 500);
+    ip_routes(&ipr, r.min(500));
+    nft_elements(&nft, 500);
+    for round in 0..opts.rounds {
+        progress(&format!(
+            "control: bulk maps round {}/{} [{:.0}s]",
+            round + 1,
+            opts.rounds,
+            started.elapsed().as_secs_f64()
+        ));
+        // The steps rotate like every benchmark's variants.
+        let steps = ["routes", IP_ROUTE, "endpoints", "hostports", NFT];
+        for step in crate::rotated(&steps, round as usize) {
+            let (metric, variant, (ins, del)) = match step {
+                "routes" => ("route", CODE, code_routes(&mut private, r)),
+                IP_ROUTE => ("route", IP_ROUTE, ip_routes(&ipr, r)),
+                "endpoints" => ("endpoint", CODE, code_endpoints(&mut private, ENTRIES)),
+                "hostports" => ("portmap", CODE, code_hostports(&mut private, ENTRIES)),
+                _ => ("portmap", NFT, nft_elements(&nft, ENTRIES)),
+            };
+            report.add(&format!("{metric}_updates_per_s"), variant, ins);
+            report.add(&format!("{metric}_deletes_per_s"), variant, del);
+        }
+    }
+    drop((private, ipr, nft));
+    report.notes.push(format!(
+        "{r} routes (the ROUTES map holds {capacity}: 10k routes do not fit; one route and one PEERS entry per remote node), {ENTRIES} endpoints, {ENTRIES} hostPorts; {} rounds, medians over rounds; the kernel peers run in the same rounds",
+        opts.rounds
+    ));
+    report.notes.push(
+        "agent code: the functions the agent calls, on a private datapath (own pins), one BPF_MAP_UPDATE_ELEM/DELETE_ELEM per entry on an open map fd: routes = cluster::Cluster::upsert/remove (the etcd watch's path; each writes ROUTES and PEERS), endpoints = Datapath::put_endpoint/remove_endpoint (each writes ENDPOINTS and its ENDPOINT_SLOTS cache slot: two map writes per endpoint; a pod's entry at ADD; through the API an endpoint is a whole pod ADD, veth included: see `bench cni`), hostPorts = endpoint::hostport_entries + Datapath::put_hostport/remove_hostport".into(),
+    );
+    report.notes.push(
+        "ip route: one `ip -batch` of route add (then del) lines, each via a neighbour on a veth, in a namespace of its own; nft map: one `nft -f` adding (then deleting) every element of an (address . port) : (address . port) map behind one DNAT rule — process start included for both".into(),
+    );
+    report.notes.push(format!(
+        "order of the bulk map rounds (agent code routes, ip route, agent code endpoints, agent code hostPorts, nft map): {}",
+        crate::ROTATION
+    ));
+}
+
 /// Routes, one change and hostPorts through a running agent's API.
-fn api_part(report: &mut Report, opts: &Options, r: usize, started: Instant) {
+fn api_part(report: &mut Report, opts: &Options, started: Instant) {
     let mut w = World::new();
     let n = w.add_node_with_agent();
     let client = w.nodes[n].agent().client();
     let trie = pinned_routes(&w.nodes[n].pin_dir());
+    let r = routes_in_table(routes_capacity(&w.nodes[n].pin_dir()));
     let changes = if opts.rounds <= 2 { 100 } else { 400 };
     let pod_cidr: Ipv4Net = w.nodes[n].pod_cidr.parse().expect("pod CIDR");
     let pods: Vec<(Netns, Ipv4Addr)> = (0..2)
@@ -809,23 +874,724 @@ fn etcd_part(report: &mut Report, opts: &Options, sizes: &[usize], started: Inst
     }
 }
 
+// ------------------------------------------------- (d) the Kubernetes API
+
+/// The parts of the benchmark (`--only`; every part by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Part {
+    /// (a) bulk map updates: the agent's code vs `ip route` and nft.
+    Bulk,
+    /// (a) through the agent's API and (b) one change with the table full.
+    Api,
+    /// (c) etcd convergence when a node joins and leaves.
+    Etcd,
+    /// (d) the Kubernetes API source: 1,000 nodes, 10,000 Services.
+    Kube,
+}
+
+/// Simulated peers (Node objects) in the API server before the agent starts.
+const KUBE_NODES: usize = 1000;
+/// Services, one EndpointSlice each.
+const KUBE_SERVICES: usize = 10_000;
+/// Endpoints per slice.
+const KUBE_PER_SLICE: usize = 10;
+/// Namespace of the Services and slices.
+const KUBE_NS: &str = "bench";
+/// flannel's annotation prefix.
+const FLANNEL: &str = "flannel.alpha.coreos.com/";
+/// Poll period of the pinned maps while a change converges.
+const KUBE_POLL: Duration = Duration::from_micros(250);
+/// Poll period of the agent's status until it is ready (each poll is a
+/// request the agent answers: not faster, or it would slow the sync).
+const KUBE_READY_POLL: Duration = Duration::from_millis(10);
+/// How long one change may take before the run fails.
+const KUBE_CHANGE_LIMIT: Duration = Duration::from_secs(30);
+/// Pause before each single change, so that it meets an agent done with
+/// the previous one (its store write included).
+const KUBE_GAP: Duration = Duration::from_millis(20);
+/// The first slice the churn changes (after the sampled ones).
+const CHURN_FIRST: usize = 5_000;
+/// Endpoint changes per second during the churn.
+const CHURN_RATE: usize = 100;
+/// The Service frontends' port (TCP) and the backends' port.
+const KUBE_PORT: u16 = 80;
+const KUBE_TARGET: u16 = 8080;
+
+const KUBE_NODE: &str = "kube: new Node";
+const KUBE_SERVICE: &str = "kube: new Service";
+const KUBE_ENDPOINT: &str = "kube: endpoint added";
+const KUBE: &str = "kube: agent";
+
+/// The Kubernetes part's objects on world `k`'s address plan: cluster CIDR
+/// 10.k.0.0/16 (the measured node holds 10.k.1.0/24); simulated peers'
+/// pod CIDRs are /27s from 10.k.16.0, their public IPs 192.168.k.100–249
+/// (unused underlay addresses, several peers to each: nothing is ever sent
+/// to them); ClusterIPs from 10.96.0.16.
+struct KubeObjects {
+    k: u8,
+    prefix: String,
+}
+
+impl KubeObjects {
+    /// Simulated nodes whose /27 fits in the cluster CIDR.
+    const MAX_NODES: usize = 240 * 8;
+
+    fn node_name(&self, i: usize) -> String {
+        format!("{}-sim{i}", self.prefix)
+    }
+
+    fn node_subnet(&self, i: usize) -> Ipv4Net {
+        let base = u32::from(Ipv4Addr::new(10, self.k, 16, 0)) + ((i as u32) << 5);
+        Ipv4Net::new(Ipv4Addr::from(base), 27).unwrap_or_default()
+    }
+
+    fn public_ip(&self, i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(192, 168, self.k, 100 + (i % 150) as u8)
+    }
+
+    /// Node `i` as a flannel node registers it (pod CIDR, annotations).
+    fn node(&self, i: usize) -> Value {
+        let ip = self.public_ip(i);
+        let mac = rivet::node::vtep_mac_for(ip)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        let mut n = node_object(&self.node_name(i), Some(&self.node_subnet(i).to_string()));
+        n["metadata"]["annotations"] = json!({
+            format!("{FLANNEL}backend-type"): "vxlan",
+            format!("{FLANNEL}backend-data"): format!(r#"{{"VNI":1,"VtepMAC":"{mac}"}}"#),
+            format!("{FLANNEL}public-ip"): ip.to_string(),
+            format!("{FLANNEL}kube-subnet-manager"): "true",
+        });
+        n
+    }
+
+    fn cluster_ip(i: usize) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 16)) + i as u32)
+    }
+
+    fn service(i: usize) -> Value {
+        let ip = Self::cluster_ip(i).to_string();
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("svc{i}"), "namespace": KUBE_NS},
+            "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                     "ports": [{"name": "http", "port": KUBE_PORT, "targetPort": KUBE_TARGET, "protocol": "TCP"}]},
+        })
+    }
+
+    /// Endpoint `e` of slice `i`: on simulated node (10 i + e) mod 1,000, at
+    /// an address in that node's pod CIDR.
+    fn backend(&self, i: usize, e: usize) -> (Ipv4Addr, String) {
+        let j = i * KUBE_PER_SLICE + e;
+        let node = j % KUBE_NODES;
+        let host = 1 + (j / KUBE_NODES) % 30;
+        (
+            Ipv4Addr::from(u32::from(self.node_subnet(node).network()) + host as u32),
+            self.node_name(node),
+        )
+    }
+
+    /// Service `i`'s slice with `endpoints` endpoints; the first one not
+    /// ready when `first_unready`.
+    fn slice(&self, i: usize, endpoints: usize, first_unready: bool) -> Value {
+        let eps: Vec<Value> = (0..endpoints)
+            .map(|e| {
+                let (addr, node) = self.backend(i, e);
+                json!({"addresses": [addr.to_string()],
+                       "conditions": {"ready": !(first_unready && e == 0)},
+                       "nodeName": node})
+            })
+            .collect();
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("svc{i}-1"), "namespace": KUBE_NS,
+                         "labels": {"kubernetes.io/service-name": format!("svc{i}")}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": KUBE_TARGET, "protocol": "TCP"}],
+            "endpoints": eps,
+        })
+    }
+}
+
+/// The agent's pinned Service frontends.
+fn pinned_frontends(pin_dir: &Path) -> AyaHashMap<MapData, SvcKey, SvcInfo> {
+    let path = PinLayout::new(pin_dir).map(map_names::SVC_FRONTENDS);
+    let data = MapData::from_pin(&path)
+        .unwrap_or_else(|e| panic!("opening the pinned {}: {e}", path.display()));
+    AyaHashMap::try_from(Map::HashMap(data))
+        .unwrap_or_else(|e| panic!("{} is not the frontends hash: {e}", path.display()))
+}
+
+/// Entries of a pinned hash map (by walking its keys).
+fn pinned_entries<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &str) -> usize {
+    let path = PinLayout::new(pin_dir).map(name);
+    let data = MapData::from_pin(&path)
+        .unwrap_or_else(|e| panic!("opening the pinned {}: {e}", path.display()));
+    let map: AyaHashMap<MapData, K, V> = AyaHashMap::try_from(Map::HashMap(data))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    map.keys().filter(Result::is_ok).count()
+}
+
+/// The ClusterIP frontend of Service `i` (TCP, pods' scope).
+fn frontend_key(i: usize) -> SvcKey {
+    SvcKey {
+        addr: ipv4_key(KubeObjects::cluster_ip(i).octets()),
+        port: KUBE_PORT.to_be(),
+        proto: 6,
+        scope: svc_scope::INTERNAL,
+    }
+}
+
+/// Backends of Service `i`'s frontend (None: no frontend).
+fn backend_count(map: &AyaHashMap<MapData, SvcKey, SvcInfo>, i: usize) -> Option<u32> {
+    match map.get(&frontend_key(i), 0) {
+        Ok(info) => Some(info.count),
+        Err(MapError::KeyNotFound) => None,
+        Err(e) => panic!("looking Service {i} up in SVC_FRONTENDS: {e}"),
+    }
+}
+
+/// Polls until `done` holds (every [`KUBE_POLL`]); the instant it did, or
+/// None after `limit`.
+fn poll_until(limit: Duration, done: impl FnMut() -> bool) -> Option<Instant> {
+    poll_every(KUBE_POLL, limit, done)
+}
+
+/// Polls until `done` holds, every `period`; the instant it did, or None
+/// after `limit`.
+fn poll_every(
+    period: Duration,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return Some(Instant::now());
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(period);
+    }
+}
+
+/// The agent's resident memory (VmRSS) in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// A `kB` field of `/proc/<pid>/<file>` in MiB (NaN when absent).
+fn proc_mib(pid: u32, file: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// The agent's CPU time so far (utime + stime of `/proc/<pid>/stat`, every
+/// thread), in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    // SAFETY: sysconf only reads a system constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // After the command name (which may hold spaces): state is
+            // field 3, utime 14, stime 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = f.get(11)?.parse().ok()?;
+            let stime: u64 = f.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / hz)
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// The agent's status over its socket (None while it has no socket).
+fn agent_status(client: &rivet_api::Client) -> Option<rivet_api::AgentStatus> {
+    match client.call(&Request::Status {}) {
+        Ok(Response::Status(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The last `n` lines of the agent's log.
+fn log_tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The agent's log lines that say `what` (the message), trimmed.
+fn log_lines<'a>(log: &'a str, what: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    log.lines().filter(move |l| l.contains(what)).map(str::trim)
+}
+
+/// (d) The Kubernetes API as the source.
+fn kube_part(report: &mut Report, opts: &Options, started: Instant) {
+    let samples = opts.pick(100, 50);
+    let idle = Duration::from_secs(opts.pick(10, 5));
+    let churn_secs = opts.pick(10, 5);
+    let step = |what: &str| {
+        progress(&format!(
+            "control: kube {what} [{:.0}s]",
+            started.elapsed().as_secs_f64()
+        ));
+    };
+    let mut w = World::new();
+    let api = w.start_apiserver();
+    let objs = KubeObjects {
+        k: w.k,
+        prefix: w.prefix.clone(),
+    };
+    assert!(
+        KUBE_NODES + samples <= KubeObjects::MAX_NODES,
+        "the simulated nodes' /27s fit in the cluster CIDR"
+    );
+    let n = w.add_node();
+    let (name, cidr) = (w.nodes[n].name.clone(), w.nodes[n].pod_cidr.clone());
+    w.use_apiserver(&api, n, "vxlan");
+    // For investigations: `RIVET_BENCH_KUBE_ENV=K=V,K=V` is the agent's
+    // extra environment (e.g. allocator settings).
+    let agent_env = std::env::var("RIVET_BENCH_KUBE_ENV").unwrap_or_default();
+    for kv in agent_env.split(',') {
+        if let Some((k, v)) = kv.split_once('=') {
+            w.nodes[n].agent_args.env.push((k.to_owned(), v.to_owned()));
+        }
+    }
+
+    // The cluster, loaded before the agent starts.
+    step("loading 1,000 Nodes, 10,000 Services and EndpointSlices into the API server");
+    let load = Instant::now();
+    let mut all = Vec::with_capacity(2 + KUBE_NODES + 2 * KUBE_SERVICES);
+    all.push(node_object(&name, Some(&cidr)));
+    all.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBE_NS}}));
+    all.extend((0..KUBE_NODES).map(|i| objs.node(i)));
+    for i in 0..KUBE_SERVICES {
+        all.push(KubeObjects::service(i));
+        all.push(objs.slice(i, KUBE_PER_SLICE, false));
+    }
+    let objects = all.len();
+    api.apply_all(all);
+    let load_s = load.elapsed().as_secs_f64();
+
+    // (1) From the process start to ready.
+    step("initial sync");
+    let t0 = Instant::now();
+    w.start_agent(n);
+    let client = w.nodes[n].agent().client();
+    let mut last = None;
+    let ready_at = poll_every(KUBE_READY_POLL, Duration::from_secs(300), || {
+        last = agent_status(&client);
+        last.as_ref().is_some_and(|s| s.ready)
+    });
+    let Some(ready_at) = ready_at else {
+        panic!(
+            "kube: the agent is not ready after 300 s: {:?}\nlog:\n{}",
+            last.and_then(|s| s.not_ready),
+            log_tail(&w.nodes[n].agent().log(), 40)
+        )
+    };
+    let sync_ms = ready_at.duration_since(t0).as_secs_f64() * 1e3;
+    let pid = w.nodes[n].agent().pid().expect("the agent's pid");
+    let rss_sync = rss_mib(pid);
+    let anon_sync = proc_mib(pid, "smaps_rollup", "Anonymous");
+    let cpu_sync = cpu_secs(pid);
+
+    // The maps at ready: every peer routed, every Service's frontend with
+    // its 10 backends.
+    let pin_dir = w.nodes[n].pin_dir();
+    let routes = pinned_routes(&pin_dir);
+    let frontends = pinned_frontends(&pin_dir);
+    let complete = || {
+        route_set(&routes).len() == KUBE_NODES
+            && (0..KUBE_SERVICES)
+                .all(|i| backend_count(&frontends, i) == Some(KUBE_PER_SLICE as u32))
+    };
+    let complete_at_ready = complete();
+    if !complete_at_ready {
+        let late = poll_until(Duration::from_secs(60), complete);
+        let routed = route_set(&routes).len();
+        let served = (0..KUBE_SERVICES)
+            .filter(|&i| backend_count(&frontends, i) == Some(KUBE_PER_SLICE as u32))
+            .count();
+        match late {
+            Some(at) => report.notes.push(format!(
+                "kube: NOT every entry was in the maps when the agent said ready: {:.0} ms later",
+                at.duration_since(ready_at).as_secs_f64() * 1e3
+            )),
+            None => panic!(
+                "kube: after the initial sync ROUTES holds {routed} of {KUBE_NODES} peers and {served} of {KUBE_SERVICES} Services have their {KUBE_PER_SLICE} backends\nlog:\n{}",
+                log_tail(&w.nodes[n].agent().log(), 40)
+            ),
+        }
+    }
+    let fills: Vec<(&str, usize)> = [
+        map_names::ROUTES,
+        map_names::PEERS,
+        map_names::SVC_FRONTENDS,
+        map_names::SVC_BACKENDS,
+    ]
+    .into_iter()
+    .map(|m| {
+        let count = match m {
+            map_names::ROUTES => route_set(&routes).len(),
+            map_names::PEERS => pinned_entries::<EndpointKey, PeerInfo>(&pin_dir, m),
+            map_names::SVC_FRONTENDS => pinned_entries::<SvcKey, SvcInfo>(&pin_dir, m),
+            _ => pinned_entries::<SvcBackendKey, SvcBackend>(&pin_dir, m),
+        };
+        (m, count)
+    })
+    .collect();
+    let status_fills = agent_status(&client)
+        .map(|s| {
+            s.maps
+                .iter()
+                .filter(|m| fills.iter().any(|(f, _)| *f == m.name))
+                .map(|m| format!("{} {}/{}", m.name, m.entries, m.capacity))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let sync_log: Vec<String> = {
+        let log = w.nodes[n].agent().log();
+        log_lines(&log, "listed from the Kubernetes API")
+            .chain(log_lines(&log, "synced"))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    // (3a) Idle.
+    step(&format!("idle {} s", idle.as_secs()));
+    std::thread::sleep(Duration::from_secs(2));
+    let (c0, i0) = (cpu_secs(pid), Instant::now());
+    std::thread::sleep(idle);
+    let idle_cpu = (cpu_secs(pid) - c0) / i0.elapsed().as_secs_f64() * 100.0;
+    let rss_idle = rss_mib(pid);
+
+    // (2) One change at a time, the three kinds interleaved and rotated.
+    let kinds = [KUBE_NODE, KUBE_SERVICE, KUBE_ENDPOINT];
+    let mut took: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut calls: Vec<f64> = Vec::new();
+    // One warm-up of each (not recorded), then the samples.
+    for j in 0..=samples {
+        if j % 10 == 0 {
+            step(&format!("one change {j}/{samples}"));
+        }
+        for kind in crate::rotated(&kinds, j) {
+            std::thread::sleep(KUBE_GAP);
+            let call = Instant::now();
+            // Sample j uses node 1,000 + j, Service 10,000 + j, slice j.
+            let (applied, seen) = match kind {
+                KUBE_NODE => {
+                    let net = objs.node_subnet(KUBE_NODES + j);
+                    assert!(!has_route(&routes, net), "{net} before its Node");
+                    api.apply(objs.node(KUBE_NODES + j));
+                    let applied = Instant::now();
+                    (
+                        applied,
+                        poll_until(KUBE_CHANGE_LIMIT, || has_route(&routes, net)),
+                    )
+                }
+                KUBE_SERVICE => {
+                    let i = KUBE_SERVICES + j;
+                    assert!(
+                        backend_count(&frontends, i).is_none(),
+                        "Service {i} before it"
+                    );
+                    api.apply(KubeObjects::service(i));
+                    let applied = Instant::now();
+                    api.apply(objs.slice(i, KUBE_PER_SLICE, false));
+                    (
+                        applied,
+                        poll_until(KUBE_CHANGE_LIMIT, || {
+                            backend_count(&frontends, i) == Some(KUBE_PER_SLICE as u32)
+                        }),
+                    )
+                }
+                _ => {
+                    api.apply(objs.slice(j, KUBE_PER_SLICE + 1, false));
+                    let applied = Instant::now();
+                    (
+                        applied,
+                        poll_until(KUBE_CHANGE_LIMIT, || {
+                            backend_count(&frontends, j) == Some(KUBE_PER_SLICE as u32 + 1)
+                        }),
+                    )
+                }
+            };
+            let Some(seen) = seen else {
+                panic!(
+                    "kube: {kind} (sample {j}) not in the maps after {KUBE_CHANGE_LIMIT:?}\nlog:\n{}",
+                    log_tail(&w.nodes[n].agent().log(), 40)
+                )
+            };
+            if j > 0 {
+                let ms = seen.saturating_duration_since(applied).as_secs_f64() * 1e3;
+                took.entry(kind).or_default().push(ms);
+                calls.push(applied.duration_since(call).as_secs_f64() * 1e3);
+            }
+        }
+    }
+
+    // (3b) Churn: CHURN_RATE endpoint changes per second (one endpoint of
+    // a different slice made not ready each time), paced.
+    let changes = CHURN_RATE * churn_secs as usize;
+    step(&format!(
+        "churn: {changes} endpoint changes over {churn_secs} s"
+    ));
+    let (c0, t_churn) = (cpu_secs(pid), Instant::now());
+    let period = Duration::from_secs(1) / CHURN_RATE as u32;
+    let mut rss_churn: Vec<f64> = Vec::new();
+    let mut behind = Duration::ZERO;
+    for c in 0..changes {
+        let due = t_churn + period * c as u32;
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        } else {
+            behind = behind.max(now - due);
+        }
+        api.apply(objs.slice(CHURN_FIRST + c, KUBE_PER_SLICE, true));
+        if c % CHURN_RATE == CHURN_RATE - 1 {
+            rss_churn.push(rss_mib(pid));
+        }
+    }
+    let window = t_churn + Duration::from_secs(churn_secs);
+    if let Some(left) = window.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+    let churn_cpu = (cpu_secs(pid) - c0) / t_churn.elapsed().as_secs_f64() * 100.0;
+    let last_change = t_churn + period * (changes as u32 - 1);
+    let unready = KUBE_PER_SLICE as u32 - 1;
+    let settled = poll_until(KUBE_CHANGE_LIMIT, || {
+        (0..changes).all(|c| backend_count(&frontends, CHURN_FIRST + c) == Some(unready))
+    });
+    let Some(settled) = settled else {
+        let done = (0..changes)
+            .filter(|&c| backend_count(&frontends, CHURN_FIRST + c) == Some(unready))
+            .count();
+        panic!(
+            "kube: {done} of {changes} churned slices in the maps {KUBE_CHANGE_LIMIT:?} after the churn\nlog:\n{}",
+            log_tail(&w.nodes[n].agent().log(), 40)
+        )
+    };
+    let settled_ms = settled.saturating_duration_since(last_change).as_secs_f64() * 1e3;
+    let rss_churn_max = rss_churn.iter().copied().fold(f64::NAN, f64::max);
+    let rss_end = rss_mib(pid);
+
+    // (1b) A restart: the store already holds every object, so the lists
+    // change nothing and nothing is written.
+    step("restart with the objects stored");
+    let restart_from = w.nodes[n].agent().log().len();
+    w.nodes[n].agent_mut().stop();
+    let t0 = Instant::now();
+    w.nodes[n].agent_mut().restart();
+    let Some(ready_again) = poll_every(KUBE_READY_POLL, Duration::from_secs(300), || {
+        agent_status(&client).is_some_and(|s| s.ready)
+    }) else {
+        panic!(
+            "kube: the restarted agent is not ready after 300 s\nlog:\n{}",
+            log_tail(&w.nodes[n].agent().log(), 40)
+        )
+    };
+    let restart_ms = ready_again.duration_since(t0).as_secs_f64() * 1e3;
+    let pid = w.nodes[n].agent().pid().expect("the agent's pid");
+    let rss_restart = rss_mib(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_restart_settled = rss_mib(pid);
+    let restart_log: Vec<String> = {
+        let log = w.nodes[n].agent().log();
+        let log = log.get(restart_from..).unwrap_or_default().to_owned();
+        log_lines(&log, "listed from the Kubernetes API")
+            .chain(log_lines(&log, "read back"))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    if let Some(dir) = std::env::var_os("RIVET_BENCH_KUBE_LOG") {
+        let to = PathBuf::from(dir).join("kube-agent.log");
+        if let Err(e) = std::fs::copy(&w.nodes[n].agent_args.log, &to) {
+            eprintln!("control: copying the agent log to {}: {e}", to.display());
+        }
+    }
+
+    // The figures.
+    let ms_metrics = [
+        "kube_initial_sync_ms",
+        "kube_restart_sync_ms",
+        "kube_converge_ms",
+        "kube_converge_p50_ms",
+        "kube_converge_p99_ms",
+        "kube_churn_settled_ms",
+    ];
+    for m in ms_metrics {
+        report.better.insert(m.into(), "lower".into());
+    }
+    for m in [
+        "kube_rss_mib_after_sync",
+        "kube_rss_mib_after_restart",
+        "kube_rss_mib_idle",
+        "kube_rss_mib_churn_max",
+        "kube_idle_cpu_percent",
+        "kube_churn_cpu_percent",
+    ] {
+        report.better.insert(m.into(), "lower".into());
+    }
+    report.add("kube_initial_sync_ms", KUBE, sync_ms);
+    report.add("kube_rss_mib_after_sync", KUBE, rss_sync);
+    report.add("kube_restart_sync_ms", KUBE, restart_ms);
+    report.add("kube_rss_mib_after_restart", KUBE, rss_restart_settled);
+    report.add("kube_rss_mib_idle", KUBE, rss_idle);
+    report.add("kube_idle_cpu_percent", KUBE, idle_cpu);
+    report.add("kube_churn_cpu_percent", KUBE, churn_cpu);
+    report.add("kube_rss_mib_churn_max", KUBE, rss_churn_max);
+    report.add("kube_churn_settled_ms", KUBE, settled_ms);
+    for (m, count) in &fills {
+        report.add(
+            &format!("kube_{}_entries", m.to_lowercase()),
+            KUBE,
+            *count as f64,
+        );
+    }
+    let mut p99 = BTreeMap::new();
+    for kind in kinds {
+        let v = took.get(kind).map_or(&[][..], Vec::as_slice);
+        for ms in v {
+            report.add("kube_converge_ms", kind, *ms);
+        }
+        report.add("kube_converge_p50_ms", kind, percentile(v, 50.0));
+        report.add("kube_converge_p99_ms", kind, percentile(v, 99.0));
+        p99.insert(kind, (percentile(v, 50.0), percentile(v, 99.0), v.len()));
+    }
+
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    report.notes.push(format!(
+        "kube: the test API server (the Kubernetes wire protocol: chunked lists, watches with bookmarks) in the underlay namespace, holding before the agent starts {objects} objects ({:.1} s to load): the measured node's Node (Ready, podCIDR {cidr}), {KUBE_NODES} simulated peers (Node objects with a /27 podCIDR from 10.{k}.16.0 in the cluster CIDR 10.{k}.0.0/16 and flannel's vxlan annotations; public-ip 192.168.{k}.100–249, unused underlay addresses shared by several peers, to which nothing is ever sent), the Namespace `{KUBE_NS}`, {KUBE_SERVICES} ClusterIP Services (TCP {KUBE_PORT} → {KUBE_TARGET}) and one EndpointSlice each of {KUBE_PER_SLICE} ready endpoints ({} endpoints; addresses in the simulated nodes' pod CIDRs, nodeName a simulated node); one real node whose rivetd (vxlan) takes everything from the API (`source = \"kubernetes\"`, a kubeconfig, log `info,rivet=debug`)",
+        load_s,
+        KUBE_SERVICES * KUBE_PER_SLICE,
+        k = objs.k,
+    ));
+    report.notes.push(format!(
+        "kube_initial_sync_ms: from spawning rivetd to its status saying ready (polled every {} ms over its socket: every kind listed, the Nodes synced, the uplink attached); then the pinned maps are checked: ROUTES holds the {KUBE_NODES} peers and every Service's ClusterIP frontend has its {KUBE_PER_SLICE} backends ({}); map entries after the sync (pinned maps): {}; the agent's status: {status_fills}",
+        KUBE_READY_POLL.as_millis(),
+        if complete_at_ready {
+            "they did at ready"
+        } else {
+            "they did NOT all at ready"
+        },
+        fills
+            .iter()
+            .map(|(m, c)| format!("{m} {c}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    ));
+    report.notes.push(format!(
+        "kube: the agent's log of its initial sync (the \"objects checked (Services synced) and written\" lines split each list's commit into checking + writing the Service maps, `checked_ms`, and writing the object store's files, `written_ms`): {}",
+        sync_log.join(" | ")
+    ));
+    report.notes.push(format!(
+        "kube_restart_sync_ms: after the churn, rivetd stopped (SIGTERM) and started again with its object store holding every object: from the spawn to ready {restart_ms:.0} ms, VmRSS at ready {rss_restart:.1} MiB and 2 s later {rss_restart_settled:.1} MiB; its log: {}",
+        restart_log.join(" | ")
+    ));
+    report.notes.push(format!(
+        "kube_converge_ms: {samples} samples of each change after one warm-up of each, interleaved (the kinds rotate per sample), each timed from the test API server's apply returning (the object in its store, its watch event sent to the open watches) to the entry seen in the agent's pinned maps, polled every {:.2} ms, each change {} ms after the previous one converged: a new Node (flannel annotations, a new /27) → its route in ROUTES; a new Service then its EndpointSlice (applied right after) → its ClusterIP frontend in SVC_FRONTENDS with its {KUBE_PER_SLICE} backends; an endpoint added to an existing slice → the frontend's backend count at {}. Per kind p50 / p99 / n: {}",
+        KUBE_POLL.as_secs_f64() * 1e3,
+        KUBE_GAP.as_millis(),
+        KUBE_PER_SLICE + 1,
+        p99.iter()
+            .map(|(k, (p50, p99, n))| format!("{k} {p50:.1} / {p99:.1} ms / {n}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    report.notes.push(format!(
+        "kube: the apply call itself (the test API server's store write and watch notification, in the benchmark's process) took p50 {:.3} / p99 {:.3} ms; a change seen before the call returned counts ~0 ms",
+        percentile(&calls, 50.0),
+        percentile(&calls, 99.0)
+    ));
+    report.notes.push(format!(
+        "kube CPU and memory: rivetd's VmRSS (/proc/<pid>/status) at ready {rss_sync:.1} MiB (anonymous {anon_sync:.1} MiB, /proc/<pid>/smaps_rollup), after the idle period {rss_idle:.1} MiB, during the churn at most {rss_churn_max:.1} MiB, at its end {rss_end:.1} MiB; CPU = utime + stime of /proc/<pid>/stat (every thread; {:.1} s through the initial sync) over the wall time, in % of one core: idle {idle_cpu:.2} % over {} s (2 s after ready, nothing applied), churn {churn_cpu:.1} % over {churn_secs} s of {CHURN_RATE} endpoint changes per second ({changes} slices, one endpoint each made not ready, paced from the benchmark; at most {:.1} ms behind schedule); every churned slice was in the maps {settled_ms:.0} ms after the last change",
+        cpu_sync,
+        idle.as_secs(),
+        behind.as_secs_f64() * 1e3,
+    ));
+    let p99_of = |k: &str| p99.get(k).map_or(f64::NAN, |v| v.1);
+    let mut goals = vec![format!(
+        "goal: kube initial sync < 10 s: {:.2} s — {}",
+        sync_ms / 1e3,
+        verdict(sync_ms < 10_000.0)
+    )];
+    for kind in kinds {
+        let v = p99_of(kind);
+        goals.push(format!(
+            "goal: kube convergence p99 < 1 s, {kind}: {v:.1} ms — {}",
+            verdict(v < 1000.0)
+        ));
+    }
+    goals.push(format!(
+        "goal: kube agent RSS < 200 MiB after the initial sync: {rss_sync:.1} MiB — {}",
+        verdict(rss_sync < 200.0)
+    ));
+    goals.push(format!(
+        "goal: kube idle CPU < 1 % of a core: {idle_cpu:.2} % — {}",
+        verdict(idle_cpu < 1.0)
+    ));
+    for g in &goals {
+        eprintln!("\n{g}");
+    }
+    report.notes.extend(goals);
+    drop(api);
+}
+
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
 
-/// Runs the benchmark; `sizes` are the cluster sizes of the etcd part.
-pub fn run(opts: &Options, sizes: &[usize]) -> Report {
+/// Routes measured with a ROUTES map of `capacity`: [`ENTRIES`], or what
+/// fits with room for the single changes.
+fn routes_in_table(capacity: usize) -> usize {
+    ENTRIES.min(capacity.saturating_sub(64))
+}
+
+/// Runs the benchmark; `sizes` are the cluster sizes of the etcd part,
+/// `parts` the parts to run (empty: every one).
+pub fn run(opts: &Options, sizes: &[usize], parts: &[Part]) -> Report {
+    let runs = |p: Part| parts.is_empty() || parts.contains(&p);
     let started = Instant::now();
     let load_before = loadavg();
     let prefix = unique_prefix();
     let mut report = Report {
         name: "control plane".into(),
-        variants: [CODE, API, IP_ROUTE, NFT, ETCD]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
+        variants: [
+            CODE,
+            API,
+            IP_ROUTE,
+            NFT,
+            ETCD,
+            KUBE,
+            KUBE_NODE,
+            KUBE_SERVICE,
+            KUBE_ENDPOINT,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect(),
         baseline: CODE.into(),
         ..Default::default()
     };
@@ -851,73 +1617,52 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     }
 
     // (a) the agent's code and the kernel peers, interleaved per round.
-    progress("control: loading a private datapath");
-    let mut private = PrivateDatapath::load(&prefix);
-    let capacity = routes_capacity(private.layout.root());
-    let r = ENTRIES.min(capacity.saturating_sub(64));
-    let ipr = ip_route_ns(&prefix);
-    let nft = nft_ns(&prefix);
-    // Warm-up.
-    code_routes(&mut private, r.min(500));
-    code_endpoints(&mut private, 500);
-    code_hostports(&mut private, 500);
-    ip_routes(&ipr, r.min(500));
-    nft_elements(&nft, 500);
-    for round in 0..opts.rounds {
-        progress(&format!(
-            "control: bulk maps round {}/{} [{:.0}s]",
-            round + 1,
-            opts.rounds,
-            started.elapsed().as_secs_f64()
-        ));
-        // The steps rotate like every benchmark's variants.
-        let steps = ["routes", IP_ROUTE, "endpoints", "hostports", NFT];
-        for step in crate::rotated(&steps, round as usize) {
-            let (metric, variant, (ins, del)) = match step {
-                "routes" => ("route", CODE, code_routes(&mut private, r)),
-                IP_ROUTE => ("route", IP_ROUTE, ip_routes(&ipr, r)),
-                "endpoints" => ("endpoint", CODE, code_endpoints(&mut private, ENTRIES)),
-                "hostports" => ("portmap", CODE, code_hostports(&mut private, ENTRIES)),
-                _ => ("portmap", NFT, nft_elements(&nft, ENTRIES)),
-            };
-            report.add(&format!("{metric}_updates_per_s"), variant, ins);
-            report.add(&format!("{metric}_deletes_per_s"), variant, del);
-        }
+    if runs(Part::Bulk) {
+        bulk_part(&mut report, opts, &prefix, started);
     }
-    drop((private, ipr, nft));
-
     // (a) through the API and (b) one change.
-    api_part(&mut report, opts, r, started);
+    if runs(Part::Api) {
+        api_part(&mut report, opts, started);
+    }
     // (c) etcd convergence.
-    etcd_part(&mut report, opts, sizes, started);
+    if runs(Part::Etcd) {
+        etcd_part(&mut report, opts, sizes, started);
+    }
+    // (d) the Kubernetes API source.
+    if runs(Part::Kube) {
+        kube_part(&mut report, opts, started);
+    }
     progress("");
 
-    report.notes.push(format!(
-        "{r} routes (the ROUTES map holds {capacity}: 10k routes do not fit; one route and one PEERS entry per remote node), {ENTRIES} endpoints, {ENTRIES} hostPorts; {} rounds, medians over rounds; the kernel peers run in the same rounds",
-        opts.rounds
-    ));
-    report.notes.push(
-        "agent code: the functions the agent calls, on a private datapath (own pins), one BPF_MAP_UPDATE_ELEM/DELETE_ELEM per entry on an open map fd: routes = cluster::Cluster::upsert/remove (the etcd watch's path; each writes ROUTES and PEERS), endpoints = Datapath::put_endpoint/remove_endpoint (each writes ENDPOINTS and its ENDPOINT_SLOTS cache slot: two map writes per endpoint; a pod's entry at ADD; through the API an endpoint is a whole pod ADD, veth included: see `bench cni`), hostPorts = endpoint::hostport_entries + Datapath::put_hostport/remove_hostport".into(),
-    );
-    report.notes.push(
-        "agent API: over the agent's unix socket, one connection per request: routes = one node_set / node_del per route (`rivetctl node set`); hostPorts = one endpoint_add of a pod carrying all of them (veth, record and validation included; pod_add_ms_0_hostports is the same ADD without any) and its endpoint_del".into(),
-    );
-    report.notes.push(
-        "ip route: one `ip -batch` of route add (then del) lines, each via a neighbour on a veth, in a namespace of its own; nft map: one `nft -f` adding (then deleting) every element of an (address . port) : (address . port) map behind one DNAT rule — process start included for both".into(),
-    );
-    report.notes.push(
-        "change_*: with the route table full as above, one node_set of a new subnet or node_del of it (alternating), timed from the request to the entry visible in (gone from) the agent's pinned ROUTES map (polled from the benchmark every 20 µs + timer slack, ~0.07 ms resolution) and to the answer; p50/p99 over the changes of one round".into(),
-    );
-    report.notes.push(
-        "etcd: real etcd in the underlay namespace, N − 1 agents registered and synced (lease TTL 10 s), then a new node's agent starts; join_converged = from its subnet key's PUT (seen by an `etcdctl watch` beside the agents' watches) until every other node's pinned ROUTES holds the subnet (maps polled every 100 µs); join_total = from starting the agent; leave_converged = from the DELETE of its key (`rivetd unload`) until every map dropped it. The `etcdctl watch` is itself one more watcher: values near 0.1 ms mean the agents had applied the event by the time etcdctl printed it".into(),
-    );
-    report.notes.push(
-        "goals: ≥ 300k map updates/s; one change p99 < 1 ms; convergence < 1 s at 10 nodes".into(),
-    );
-    report.notes.push(format!(
-        "order of the bulk map rounds (agent code routes, ip route, agent code endpoints, agent code hostPorts, nft map): {}",
-        crate::ROTATION
-    ));
+    if runs(Part::Bulk) || runs(Part::Api) {
+        report.notes.push(
+            "agent API: over the agent's unix socket, one connection per request: routes = one node_set / node_del per route (`rivetctl node set`); hostPorts = one endpoint_add of a pod carrying all of them (veth, record and validation included; pod_add_ms_0_hostports is the same ADD without any) and its endpoint_del".into(),
+        );
+        report.notes.push(
+            "change_*: with the route table full as above, one node_set of a new subnet or node_del of it (alternating), timed from the request to the entry visible in (gone from) the agent's pinned ROUTES map (polled from the benchmark every 20 µs + timer slack, ~0.07 ms resolution) and to the answer; p50/p99 over the changes of one round".into(),
+        );
+    }
+    if runs(Part::Etcd) {
+        report.notes.push(
+            "etcd: real etcd in the underlay namespace, N − 1 agents registered and synced (lease TTL 10 s), then a new node's agent starts; join_converged = from its subnet key's PUT (seen by an `etcdctl watch` beside the agents' watches) until every other node's pinned ROUTES holds the subnet (maps polled every 100 µs); join_total = from starting the agent; leave_converged = from the DELETE of its key (`rivetd unload`) until every map dropped it. The `etcdctl watch` is itself one more watcher: values near 0.1 ms mean the agents had applied the event by the time etcdctl printed it".into(),
+        );
+    }
+    if runs(Part::Bulk) || runs(Part::Api) || runs(Part::Etcd) {
+        report.notes.push(
+            "goals: ≥ 300k map updates/s; one change p99 < 1 ms; convergence < 1 s at 10 nodes"
+                .into(),
+        );
+    }
+    if !parts.is_empty() {
+        report.notes.push(format!(
+            "parts run (--only): {}",
+            parts
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     report.notes.push(format!(
         "load average before {load_before}, after {} (2 CPUs; other builds may share the machine)",
         loadavg()

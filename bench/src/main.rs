@@ -28,6 +28,13 @@ struct Args {
     /// programming grows with N²: minutes per restore beyond 10,000).
     #[arg(long)]
     max_services: Option<usize>,
+    /// control: only these parts (comma-separated or repeated): bulk
+    /// (map updates: the agent's code, ip route, nft), api (through the
+    /// agent's socket, one change with the table full), etcd (convergence
+    /// at 2, 5, 10 nodes), kube (the Kubernetes API source: 1,000 nodes,
+    /// 10,000 Services); default all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<bench::control::Part>,
     /// Smoke run: fewer, shorter samples.
     #[arg(long)]
     quick: bool,
@@ -54,7 +61,10 @@ enum Which {
     Pps,
     /// Control plane: map updates/s through the agent (API and its own
     /// code) vs ip route / nft, one change's latency with a full route
-    /// table, etcd convergence when a node joins and leaves.
+    /// table, etcd convergence when a node joins and leaves, the
+    /// Kubernetes API source at 1,000 nodes and 10,000 Services (initial
+    /// sync, one change's convergence, memory and CPU); `--only` picks
+    /// parts.
     Control,
     /// Kubernetes Services vs their number: rivet (socket-level and uplink
     /// translation) vs kube-proxy's iptables and nftables modes; connect
@@ -128,9 +138,11 @@ fn main() {
             Which::Pps => bench::pps::run(&opts),
             // A smoke run stops at 5 nodes: every node of the largest
             // cluster is an agent to start and sync.
-            Which::Control => {
-                bench::control::run(&opts, if args.quick { &[2, 5] } else { &[2, 5, 10] })
-            }
+            Which::Control => bench::control::run(
+                &opts,
+                if args.quick { &[2, 5] } else { &[2, 5, 10] },
+                &args.only,
+            ),
             // A smoke run: 1 and 1,000 Services.
             Which::Services => {
                 let sizes: &[usize] = if args.quick {
