@@ -905,9 +905,11 @@ fn program(
             let doc = policies_document(&rules);
             let ms = rivetctl(socket, &["apply", "-f", "-"], &doc);
             notes.push(format!(
-                "rivet: N={n}: {} NetworkPolicies ({:.2} MiB) applied in {ms:.0} ms; agent: {}",
+                "rivet: N={n}: {} NetworkPolicies ({:.2} MiB) applied in {ms:.0} ms; agent: {}; {}; {}",
                 n.div_ceil(RULES_PER_POLICY),
                 doc.len() as f64 / f64::from(1 << 20),
+                ctx.agent_log_line("network policy planned and applied"),
+                ctx.agent_log_line("objects checked"),
                 ctx.agent_log_line("objects applied")
             ));
             Some(ms)
@@ -1214,6 +1216,12 @@ fn one_rule_changes(
             }
         }
     }
+    notes.push(format!(
+        "rivet: the agent's log of the last one-rule change: {}; {}; {}",
+        ctx.agent_log_line("network policy planned and applied"),
+        ctx.agent_log_line("objects checked"),
+        ctx.agent_log_line("objects applied")
+    ));
     for (v, count) in &early {
         notes.push(format!(
             "{}: in {count} one-rule denial samples the first refused attempt had started (by less than {} ms) before the change: its SYN was judged after the change took effect, queued behind the rules' work; recorded as 0 ms",

@@ -29,8 +29,10 @@
 //!   of the protocol.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::Ipv4Addr,
+    sync::Arc,
 };
 
 use ipnet::Ipv4Net;
@@ -127,44 +129,56 @@ impl PolicyView<'_> {
     }
 }
 
-/// The cluster as policy sees it.
+/// What selectors choose from: the namespaces and the pods, indexed by
+/// label and namespace. The agent keeps one between syncs and rebuilds it
+/// only when a Pod or Namespace object, or a local pod, changed.
 #[derive(Clone, Debug, Default)]
-pub struct View<'a> {
+pub struct Peers {
     /// Namespace labels by name (with [`NAMESPACE_NAME_LABEL`]).
     pub namespaces: HashMap<String, Labels>,
     /// Every pod with an object.
-    pub pods: Vec<PodView>,
-    /// Every policy.
-    pub policies: Vec<PolicyView<'a>>,
-    /// Pods by label and by namespace ([`View::index`]; empty: every
-    /// selector scans every pod).
-    pub index: PodIndex,
+    pub pods: Vec<Arc<PodView>>,
+    /// Pods by label and by namespace (empty: every selector scans every
+    /// pod).
+    index: PodIndex,
 }
 
 /// Where to look for the pods a selector may match.
 #[derive(Clone, Debug, Default)]
-pub struct PodIndex {
-    /// (key, value) → indices in [`View::pods`].
-    by_label: HashMap<(String, String), Vec<usize>>,
-    /// namespace → indices in [`View::pods`].
+struct PodIndex {
+    /// key → value → indices in [`Peers::pods`].
+    by_label: HashMap<String, HashMap<String, Vec<usize>>>,
+    /// namespace → indices in [`Peers::pods`].
     by_namespace: HashMap<String, Vec<usize>>,
     built: bool,
 }
 
-impl View<'_> {
-    /// Indexes the pods by label and namespace: a selector with
+/// The cluster as policy sees it for one compile: the peers and every
+/// policy, in key order.
+#[derive(Clone, Debug)]
+pub struct View<'a> {
+    /// Namespaces and pods.
+    pub peers: &'a Peers,
+    /// Every policy.
+    pub policies: Vec<PolicyView<'a>>,
+}
+
+impl Peers {
+    /// The peers, indexed by label and namespace: a selector with
     /// `matchLabels` then looks only at the pods holding its rarest pair
     /// (10,000 selector peers over thousands of pods stay fast).
-    pub fn index(&mut self) {
+    pub fn new(namespaces: HashMap<String, Labels>, pods: Vec<Arc<PodView>>) -> Self {
         let mut index = PodIndex {
             built: true,
             ..PodIndex::default()
         };
-        for (i, pod) in self.pods.iter().enumerate() {
+        for (i, pod) in pods.iter().enumerate() {
             for (k, v) in &pod.labels {
                 index
                     .by_label
-                    .entry((k.clone(), v.clone()))
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(v.clone())
                     .or_default()
                     .push(i);
             }
@@ -174,7 +188,21 @@ impl View<'_> {
                 .or_default()
                 .push(i);
         }
-        self.index = index;
+        Self {
+            namespaces,
+            pods,
+            index,
+        }
+    }
+
+    /// The peers without the index: every selector scans every pod (the
+    /// reference the index is tested against).
+    pub fn unindexed(namespaces: HashMap<String, Labels>, pods: Vec<Arc<PodView>>) -> Self {
+        Self {
+            namespaces,
+            pods,
+            index: PodIndex::default(),
+        }
     }
 
     /// Indices of the pods a peer with these selectors may match (a
@@ -184,9 +212,10 @@ impl View<'_> {
         policy_ns: &str,
         pods: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
         namespaces: bool,
-    ) -> Vec<usize> {
+    ) -> Cow<'_, [usize]> {
+        let all = || Cow::Owned((0..self.pods.len()).collect());
         if !self.index.built {
-            return (0..self.pods.len()).collect();
+            return all();
         }
         let rarest = pods
             .and_then(|sel| sel.match_labels.as_ref())
@@ -196,30 +225,36 @@ impl View<'_> {
                     .map(|(k, v)| {
                         self.index
                             .by_label
-                            .get(&(k.clone(), v.clone()))
+                            .get(k)
+                            .and_then(|values| values.get(v))
                             .map_or(&[][..], Vec::as_slice)
                     })
                     .min_by_key(|l| l.len())
             });
         match (rarest, namespaces) {
-            (Some(list), _) => list.to_vec(),
-            (None, false) => self
-                .index
-                .by_namespace
-                .get(policy_ns)
-                .cloned()
-                .unwrap_or_default(),
-            (None, true) => (0..self.pods.len()).collect(),
+            (Some(list), _) => Cow::Borrowed(list),
+            (None, false) => Cow::Borrowed(
+                self.index
+                    .by_namespace
+                    .get(policy_ns)
+                    .map_or(&[][..], Vec::as_slice),
+            ),
+            (None, true) => all(),
         }
     }
 
     /// The labels of namespace `ns` (only its name label when it has no
     /// object).
-    fn namespace_labels(&self, ns: &str) -> Labels {
-        self.namespaces
-            .get(ns)
-            .cloned()
-            .unwrap_or_else(|| Labels::from([(NAMESPACE_NAME_LABEL.to_owned(), ns.to_owned())]))
+    fn namespace_labels(&self, ns: &str) -> Cow<'_, Labels> {
+        self.namespaces.get(ns).map_or_else(
+            || {
+                Cow::Owned(Labels::from([(
+                    NAMESPACE_NAME_LABEL.to_owned(),
+                    ns.to_owned(),
+                )]))
+            },
+            Cow::Borrowed,
+        )
     }
 }
 
@@ -286,7 +321,7 @@ fn port_u16(n: i32) -> Option<u16> {
 }
 
 /// The addresses one peer entry names.
-fn peer_addrs(view: &View<'_>, policy_ns: &str, peer: &NetworkPolicyPeer, label: u32) -> AddrSet {
+fn peer_addrs(peers: &Peers, policy_ns: &str, peer: &NetworkPolicyPeer, label: u32) -> AddrSet {
     if let Some(block) = &peer.ip_block {
         let Ok(cidr) = block.cidr.parse::<Ipv4Net>() else {
             return AddrSet::default();
@@ -305,19 +340,19 @@ fn peer_addrs(view: &View<'_>, policy_ns: &str, peer: &NetworkPolicyPeer, label:
     }
     // Each namespace's verdict once.
     let mut namespace_ok: HashMap<&str, bool> = HashMap::new();
-    let sets: Vec<AddrSet> = view
+    let sets: Vec<AddrSet> = peers
         .candidates(
             policy_ns,
             peer.pod_selector.as_ref(),
             peer.namespace_selector.is_some(),
         )
-        .into_iter()
-        .map(|i| &view.pods[i])
+        .iter()
+        .map(|&i| &*peers.pods[i])
         .filter(|pod| match &peer.namespace_selector {
             None => pod.namespace == policy_ns,
             Some(sel) => *namespace_ok
                 .entry(pod.namespace.as_str())
-                .or_insert_with(|| matches(sel, &view.namespace_labels(&pod.namespace))),
+                .or_insert_with(|| matches(sel, &peers.namespace_labels(&pod.namespace))),
         })
         .filter(|pod| {
             peer.pod_selector
@@ -332,7 +367,7 @@ fn peer_addrs(view: &View<'_>, policy_ns: &str, peer: &NetworkPolicyPeer, label:
 /// The parts of one rule (peers, ports) of policy `label` for `pod` in
 /// direction `ingress`.
 fn rule_parts(
-    view: &View<'_>,
+    peers_of: &Peers,
     pod: &PodView,
     policy_ns: &str,
     label: u32,
@@ -345,7 +380,7 @@ fn rule_parts(
         Some(list) => {
             let sets: Vec<AddrSet> = list
                 .iter()
-                .map(|p| peer_addrs(view, policy_ns, p, label))
+                .map(|p| peer_addrs(peers_of, policy_ns, p, label))
                 .collect();
             AddrSet::union(&sets)
         }
@@ -386,7 +421,7 @@ fn rule_parts(
                         numbered.push((proto, port, port));
                     }
                 } else {
-                    for target in &view.pods {
+                    for target in peers_of.pods.iter().map(|p| &**p) {
                         let Some(port) = resolve(target) else {
                             continue;
                         };
@@ -425,7 +460,7 @@ fn rule_parts(
 
 /// Cuts the port space into classes (parts matching the same way share
 /// one) and lists each class's peers.
-fn classes(parts: &[Part], who: &str) -> Result<DirPlan, CompileError> {
+fn classes(parts: &[&Part], who: &str) -> Result<DirPlan, CompileError> {
     let mut ids: HashMap<Vec<usize>, u16> = HashMap::new();
     let mut plan = DirPlan::default();
     let mut class_of = |set: Vec<usize>, plan: &mut DirPlan| -> Result<u16, CompileError> {
@@ -495,51 +530,109 @@ fn classes(parts: &[Part], who: &str) -> Result<DirPlan, CompileError> {
     Ok(plan)
 }
 
-/// The compiled policy of the local pod `pod`.
-pub fn compile_pod(view: &View<'_>, pod: &PodView) -> Result<PodPlan, CompileError> {
-    let mut plan = PodPlan::default();
-    let mut ingress: Option<Vec<Part>> = None;
-    let mut egress: Option<Vec<Part>> = None;
-    for pv in view.policies.iter().filter(|p| p.selects(pod)) {
-        plan.selected_by.push(pv.id);
-        let (ing, eg) = pv.types();
-        let Some(spec) = pv.policy.spec.as_ref() else {
-            continue;
-        };
-        let ns = pv.namespace();
-        if ing {
-            let parts = ingress.get_or_insert_with(Vec::new);
-            for rule in spec.ingress.iter().flatten() {
-                parts.extend(rule_parts(
-                    view,
-                    pod,
-                    ns,
-                    pv.id,
-                    rule.from.as_deref(),
-                    rule.ports.as_deref(),
-                    true,
-                ));
-            }
-        }
-        if eg {
-            let parts = egress.get_or_insert_with(Vec::new);
-            for rule in spec.egress.iter().flatten() {
-                parts.extend(rule_parts(
-                    view,
-                    pod,
-                    ns,
-                    pv.id,
-                    rule.to.as_deref(),
-                    rule.ports.as_deref(),
-                    false,
-                ));
-            }
+/// What one policy contributes to one pod: whether it selects the pod,
+/// and its rules' parts per direction it isolates. A pure function of the
+/// policy, the pod and the peers ([`compile_policy`]), so the agent keeps
+/// it while those are the same objects and compiles only what changed.
+#[derive(Clone, Debug, Default)]
+pub struct Compiled {
+    /// The policy's number.
+    id: u32,
+    /// Whether the policy selects the pod.
+    selects: bool,
+    /// Ingress parts (None: the policy isolates no ingress).
+    ingress: Option<Vec<Part>>,
+    /// Egress parts (None: the policy isolates no egress).
+    egress: Option<Vec<Part>>,
+}
+
+impl Compiled {
+    /// The number of the policy it was compiled from.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+/// What policy `pv` contributes to the local pod `pod`.
+pub fn compile_policy(peers: &Peers, pod: &PodView, pv: &PolicyView<'_>) -> Compiled {
+    let mut out = Compiled {
+        id: pv.id,
+        ..Compiled::default()
+    };
+    if !pv.selects(pod) {
+        return out;
+    }
+    out.selects = true;
+    let (ing, eg) = pv.types();
+    let Some(spec) = pv.policy.spec.as_ref() else {
+        return out;
+    };
+    let ns = pv.namespace();
+    if ing {
+        let parts = out.ingress.get_or_insert_with(Vec::new);
+        for rule in spec.ingress.iter().flatten() {
+            parts.extend(rule_parts(
+                peers,
+                pod,
+                ns,
+                pv.id,
+                rule.from.as_deref(),
+                rule.ports.as_deref(),
+                true,
+            ));
         }
     }
-    let who = format!("{}/{}", pod.namespace, pod.name);
-    plan.ingress = ingress.map(|p| classes(&p, &who)).transpose()?;
-    plan.egress = egress.map(|p| classes(&p, &who)).transpose()?;
+    if eg {
+        let parts = out.egress.get_or_insert_with(Vec::new);
+        for rule in spec.egress.iter().flatten() {
+            parts.extend(rule_parts(
+                peers,
+                pod,
+                ns,
+                pv.id,
+                rule.to.as_deref(),
+                rule.ports.as_deref(),
+                false,
+            ));
+        }
+    }
+    out
+}
+
+/// The plan of pod `who` (namespace/name) from what every policy
+/// contributes to it, in the policies' order.
+pub fn assemble<'a>(
+    compiled: impl IntoIterator<Item = &'a Compiled>,
+    who: &str,
+) -> Result<PodPlan, CompileError> {
+    let mut plan = PodPlan::default();
+    let mut ingress: Option<Vec<&Part>> = None;
+    let mut egress: Option<Vec<&Part>> = None;
+    for c in compiled {
+        if !c.selects {
+            continue;
+        }
+        plan.selected_by.push(c.id);
+        if let Some(parts) = &c.ingress {
+            ingress.get_or_insert_with(Vec::new).extend(parts);
+        }
+        if let Some(parts) = &c.egress {
+            egress.get_or_insert_with(Vec::new).extend(parts);
+        }
+    }
+    plan.ingress = ingress.map(|p| classes(&p, who)).transpose()?;
+    plan.egress = egress.map(|p| classes(&p, who)).transpose()?;
     Ok(plan)
+}
+
+/// The compiled policy of the local pod `pod`, from scratch.
+pub fn compile_pod(view: &View<'_>, pod: &PodView) -> Result<PodPlan, CompileError> {
+    let compiled: Vec<Compiled> = view
+        .policies
+        .iter()
+        .map(|pv| compile_policy(view.peers, pod, pv))
+        .collect();
+    assemble(&compiled, &format!("{}/{}", pod.namespace, pod.name))
 }
 
 #[cfg(test)]
@@ -590,22 +683,28 @@ mod tests {
         let np = policy(
             "metadata: {name: p, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: client}}\n  policyTypes: [Egress]\n  egress:\n  - ports: [{port: http}]\n",
         );
+        let pods: Vec<Arc<PodView>> = [
+            pod("x", "c", "client", [10, 0, 0, 1], &[]),
+            pod("x", "s1", "web", [10, 0, 0, 2], &[("http", 8080, TCP)]),
+            pod("y", "s2", "web", [10, 0, 0, 3], &[("http", 9090, TCP)]),
+            pod("y", "s3", "web", [10, 0, 0, 4], &[("http", 9090, UDP)]),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let scan = Peers::unindexed(HashMap::new(), pods.clone());
         let view = View {
-            namespaces: HashMap::new(),
-            pods: vec![
-                pod("x", "c", "client", [10, 0, 0, 1], &[]),
-                pod("x", "s1", "web", [10, 0, 0, 2], &[("http", 8080, TCP)]),
-                pod("y", "s2", "web", [10, 0, 0, 3], &[("http", 9090, TCP)]),
-                pod("y", "s3", "web", [10, 0, 0, 4], &[("http", 9090, UDP)]),
-            ],
+            peers: &scan,
             policies: vec![PolicyView { id: 1, policy: &np }],
-            index: PodIndex::default(),
         };
-        let plan = compile_pod(&view, &view.pods[0]).expect("compiles");
-        let mut indexed = view.clone();
-        indexed.index();
+        let plan = compile_pod(&view, &pods[0]).expect("compiles");
+        let indexed = Peers::new(HashMap::new(), pods.clone());
+        let view = View {
+            peers: &indexed,
+            ..view
+        };
         assert_eq!(
-            compile_pod(&indexed, &indexed.pods[0]).expect("compiles"),
+            compile_pod(&view, &pods[0]).expect("compiles"),
             plan,
             "the label index changes nothing"
         );
@@ -632,13 +731,15 @@ mod tests {
         let np = policy(
             "metadata: {name: p, namespace: x}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]\n    ports: [{port: 80, endPort: 90}]\n  - from: [{ipBlock: {cidr: 10.1.2.0/24}}]\n    ports: [{port: 85, protocol: TCP}]\n  - {}\n",
         );
+        let peers = Peers::new(
+            HashMap::new(),
+            vec![Arc::new(pod("x", "s", "db", [10, 0, 0, 9], &[]))],
+        );
         let view = View {
-            namespaces: HashMap::new(),
-            pods: vec![pod("x", "s", "db", [10, 0, 0, 9], &[])],
+            peers: &peers,
             policies: vec![PolicyView { id: 7, policy: &np }],
-            index: PodIndex::default(),
         };
-        let ing = compile_pod(&view, &view.pods[0])
+        let ing = compile_pod(&view, &peers.pods[0])
             .expect("compiles")
             .ingress
             .expect("isolated");
@@ -660,7 +761,7 @@ mod tests {
             }],
             ..view.clone()
         };
-        let ing = compile_pod(&without_open, &without_open.pods[0])
+        let ing = compile_pod(&without_open, &peers.pods[0])
             .expect("compiles")
             .ingress
             .expect("isolated");

@@ -114,15 +114,13 @@ impl Datapath {
     /// Writes port-class entries (`class` values).
     pub fn put_policy_ports(&mut self, entries: &[(PortEntry, u16)]) -> Result<(), DatapathError> {
         let name = map_names::POLICY_PORTS;
-        for (entry, class) in entries {
-            let done = self.trie_mut::<PolicyPortKey, u32>(name)?.insert(
-                &entry.key(),
-                u32::from(*class),
-                0,
-            );
-            done.map_err(insert_err(&self.ebpf, name))?;
-        }
-        Ok(())
+        let failed = {
+            let mut trie = self.trie_mut::<PolicyPortKey, u32>(name)?;
+            entries
+                .iter()
+                .find_map(|(entry, class)| trie.insert(&entry.key(), u32::from(*class), 0).err())
+        };
+        failed.map_or(Ok(()), |e| Err(insert_err(&self.ebpf, name)(e)))
     }
 
     /// Removes port-class entries (absent ones are no error).
@@ -142,13 +140,15 @@ impl Datapath {
     /// allows).
     pub fn put_policy_peers(&mut self, entries: &[(PeerEntry, u32)]) -> Result<(), DatapathError> {
         let name = map_names::POLICY_PEERS;
-        for (entry, policy) in entries {
-            let done = self
-                .trie_mut::<PolicyPeerKey, u32>(name)?
-                .insert(&entry.key(), *policy, 0);
-            done.map_err(insert_err(&self.ebpf, name))?;
-        }
-        Ok(())
+        // The trie is looked up once (by name) for all of them; the first
+        // failure stops the writes.
+        let failed = {
+            let mut trie = self.trie_mut::<PolicyPeerKey, u32>(name)?;
+            entries
+                .iter()
+                .find_map(|(entry, policy)| trie.insert(&entry.key(), *policy, 0).err())
+        };
+        failed.map_or(Ok(()), |e| Err(insert_err(&self.ebpf, name)(e)))
     }
 
     /// Removes allowed-peer entries (absent ones are no error).
