@@ -79,33 +79,73 @@ pub fn write_atomic_all<'a>(
     if let [(path, bytes)] = files.as_slice() {
         return write_atomic(path, bytes);
     }
+    prepare_atomic_all(files)?.finish()
+}
+
+/// Files written and synced beside their places, not yet renamed into
+/// them ([`prepare_atomic_all`]): the first half of [`write_atomic_all`],
+/// which can run while something else decides whether the second
+/// ([`Prepared::finish`]) or [`Prepared::abandon`] follows.
+#[derive(Debug, Default)]
+#[must_use = "finish or abandon the prepared files"]
+pub struct Prepared {
+    /// (temporary file, its place).
+    written: Vec<(PathBuf, PathBuf)>,
+    dirs: std::collections::BTreeSet<PathBuf>,
+}
+
+/// Writes each file to a temporary file beside its place and syncs them
+/// ([`write_atomic_all`]'s way); nothing is renamed. On an error the
+/// temporary files written are removed.
+pub fn prepare_atomic_all<'a>(
+    files: impl IntoIterator<Item = (&'a Path, &'a [u8])>,
+) -> Result<Prepared, StoreError> {
+    let files: Vec<(&Path, &[u8])> = files.into_iter().collect();
     let parent = |p: &Path| p.parent().unwrap_or(Path::new(".")).to_owned();
-    let dirs: std::collections::BTreeSet<PathBuf> = files.iter().map(|(p, _)| parent(p)).collect();
+    let mut prepared = Prepared {
+        written: Vec::with_capacity(files.len()),
+        dirs: files.iter().map(|(p, _)| parent(p)).collect(),
+    };
     // A few files: each fsync'ed (a filesystem sync also flushes whatever
     // else is dirty on it — 100+ ms on a busy machine for 4 files).
     let each = files.len() <= FSYNC_EACH_MAX;
-    let mut written = Vec::with_capacity(files.len());
     for (path, bytes) in &files {
         match write_tmp(path, bytes, 0o600, each) {
-            Ok(tmp) => written.push((tmp, *path)),
+            Ok(tmp) => prepared.written.push((tmp, path.to_path_buf())),
             Err(e) => {
-                for (tmp, _) in &written {
-                    let _ = fs::remove_file(tmp);
-                }
+                prepared.abandon();
                 return Err(e);
             }
         }
     }
     if !each {
-        for dir in &dirs {
+        let synced = prepared.dirs.iter().try_for_each(|dir| {
             let d = File::open(dir).map_err(err("opening", dir))?;
-            nix::unistd::syncfs(&d).map_err(|e| err("syncing the filesystem of", dir)(e.into()))?;
+            nix::unistd::syncfs(&d).map_err(|e| err("syncing the filesystem of", dir)(e.into()))
+        });
+        if let Err(e) = synced {
+            prepared.abandon();
+            return Err(e);
         }
     }
-    for (tmp, path) in &written {
-        fs::rename(tmp, path).map_err(err("renaming into place", path))?;
+    Ok(prepared)
+}
+
+impl Prepared {
+    /// Renames each file into place, then fsyncs each directory once.
+    pub fn finish(self) -> Result<(), StoreError> {
+        for (tmp, path) in &self.written {
+            fs::rename(tmp, path).map_err(err("renaming into place", path))?;
+        }
+        self.dirs.iter().try_for_each(|d| sync_dir(d))
     }
-    dirs.iter().try_for_each(|d| sync_dir(d))
+
+    /// Removes the temporary files (the places keep what they held).
+    pub fn abandon(self) {
+        for (tmp, _) in &self.written {
+            let _ = fs::remove_file(tmp);
+        }
+    }
 }
 
 /// Removes files durably: each unlinked (a missing one is no error), then

@@ -17,6 +17,15 @@ fn ms_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Documents shorter than this are parsed in place, not handed to a
+/// blocking thread (one NetworkPolicy of 100 rules, 5.5 kB: well under a
+/// millisecond; the hand-over is a thread wake-up or start on its way).
+const PARSE_INLINE_BYTES: usize = 16 << 10;
+
+/// A commit of at least this many files writes them while the change is
+/// checked.
+const PREPARE_ASIDE_FILES: usize = 16;
+
 /// Documents at least this long are followed by a heap trim.
 const TRIM_AFTER_BYTES: usize = 1 << 20;
 
@@ -85,7 +94,11 @@ impl Agent {
         let started = Instant::now();
         let large = document.len() >= TRIM_AFTER_BYTES;
         let _trim = large.then_some(TrimHeap);
-        let mut parsed = parse_aside(move || objects::parse_document(&document)).await?;
+        let mut parsed = if document.len() < PARSE_INLINE_BYTES {
+            objects::parse_document(&document).map_err(|e| bad(e.to_string()))?
+        } else {
+            parse_aside(move || objects::parse_document(&document)).await?
+        };
         if large {
             // The parser's garbage is interleaved with the objects in its
             // thread's heap pages, which then stay half used for good:
@@ -284,9 +297,46 @@ impl Agent {
         let started = Instant::now();
         let touched = Self::touched_services(state, &staged);
         let policies = Self::touches_policy(&staged);
-        self.check_staged(state, staged.objects(), Some(&touched), policies)?;
+        if staged.changes() < PREPARE_ASIDE_FILES {
+            self.check_staged(state, staged.objects(), Some(&touched), policies)?;
+        } else {
+            // The files are written aside while the change is checked
+            // (independent kernel work: 100 NetworkPolicies' files and
+            // their 10,000 trie entries took 27 and 26 ms one after the
+            // other), renamed into place only once the check passed.
+            let dir = state.objects.dir().to_owned();
+            let (checked, prepared) = std::thread::scope(|s| {
+                let writer = s.spawn(|| staged.prepare(&dir));
+                let checked = self.check_staged(state, staged.objects(), Some(&touched), policies);
+                let prepared = writer
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (checked, prepared)
+            });
+            if let Err(e) = checked {
+                if let Ok(p) = prepared {
+                    p.abandon();
+                }
+                return Err(e);
+            }
+            let checked_ms = ms_since(started);
+            let committed = blocking(|| state.objects.commit_prepared(staged, prepared));
+            return self.committed(state, committed, started, checked_ms);
+        }
         let checked_ms = ms_since(started);
         let committed = blocking(|| state.objects.commit(staged));
+        self.committed(state, committed, started, checked_ms)
+    }
+
+    /// After a commit: logged, and on a failed write the checked state
+    /// brought back to what the store holds.
+    fn committed(
+        &self,
+        state: &mut NodeState,
+        committed: Result<(), objects::ObjectStoreError>,
+        started: Instant,
+        checked_ms: u64,
+    ) -> Result<(), ApiError> {
         tracing::debug!(
             checked_ms,
             written_ms = ms_since(started) - checked_ms,

@@ -138,13 +138,7 @@ impl ObjectStore {
 
     /// Where the object `key` is kept.
     pub fn path_of(&self, key: &ObjectKey) -> PathBuf {
-        let dir = self.dir.join(key.kind.plural());
-        let dir = if key.kind.namespaced() {
-            dir.join(&key.namespace)
-        } else {
-            dir
-        };
-        dir.join(format!("{}.json", key.name))
+        path_in(&self.dir, key)
     }
 
     /// Stages storing `objects` (validated ones: see
@@ -253,8 +247,33 @@ impl ObjectStore {
         if staged.base != self.generation {
             return Err(ObjectStoreError::Stale);
         }
+        let prepared = staged.prepare(&self.dir);
+        self.commit_prepared(staged, prepared)
+    }
+
+    /// [`ObjectStore::commit`] of a change whose files
+    /// [`Staged::prepare`] wrote aside (in this store's directory) while
+    /// the change was being checked: they are renamed into place and the
+    /// removals done; a failed preparation fails the commit as a failed
+    /// write does.
+    pub fn commit_prepared(
+        &mut self,
+        staged: Staged,
+        prepared: Result<store::Prepared, StoreError>,
+    ) -> Result<(), ObjectStoreError> {
+        if staged.base != self.generation {
+            if let Ok(p) = prepared {
+                p.abandon();
+            }
+            return Err(ObjectStoreError::Stale);
+        }
         self.generation += 1;
-        match self.write(&staged) {
+        let written = prepared.and_then(|p| {
+            p.finish()?;
+            let removed: Vec<PathBuf> = staged.removes.iter().map(|k| self.path_of(k)).collect();
+            store::remove_all_synced(removed.iter().map(PathBuf::as_path))
+        });
+        match written {
             Ok(()) => {
                 self.set = staged.next;
                 Ok(())
@@ -270,15 +289,22 @@ impl ObjectStore {
             }
         }
     }
+}
 
-    fn write(&self, staged: &Staged) -> Result<(), StoreError> {
-        let mut files = Vec::with_capacity(staged.writes.len());
+impl Staged {
+    /// The first half of a commit to the store in `dir`, which can run
+    /// while the change is checked: each object written serialized to a
+    /// temporary file beside its place and synced, nothing renamed or
+    /// removed ([`ObjectStore::commit_prepared`] does that, or
+    /// [`store::Prepared::abandon`] drops them).
+    pub fn prepare(&self, dir: &Path) -> Result<store::Prepared, StoreError> {
+        let mut files = Vec::with_capacity(self.writes.len());
         let mut dirs = BTreeSet::new();
-        for key in &staged.writes {
-            let Some(object) = staged.next.get(key) else {
+        for key in &self.writes {
+            let Some(object) = self.next.get(key) else {
                 continue;
             };
-            let path = self.path_of(key);
+            let path = path_in(dir, key);
             let bytes = serde_json::to_vec_pretty(&**object).map_err(|e| StoreError {
                 what: "serializing",
                 path: path.clone(),
@@ -292,10 +318,19 @@ impl ObjectStore {
         for dir in &dirs {
             store::create_private_dir(dir)?;
         }
-        store::write_atomic_all(files.iter().map(|(p, b)| (p.as_path(), b.as_slice())))?;
-        let removed: Vec<PathBuf> = staged.removes.iter().map(|k| self.path_of(k)).collect();
-        store::remove_all_synced(removed.iter().map(PathBuf::as_path))
+        store::prepare_atomic_all(files.iter().map(|(p, b)| (p.as_path(), b.as_slice())))
     }
+}
+
+/// Where the object `key` is kept in the store at `dir`.
+fn path_in(dir: &Path, key: &ObjectKey) -> PathBuf {
+    let dir = dir.join(key.kind.plural());
+    let dir = if key.kind.namespaced() {
+        dir.join(&key.namespace)
+    } else {
+        dir
+    };
+    dir.join(format!("{}.json", key.name))
 }
 
 /// Gives a new object the uid and creation time the API server would.
@@ -613,6 +648,53 @@ ports: [{port: 8080}]
         store.commit(first).expect("commit");
         assert!(matches!(store.commit(second), Err(ObjectStoreError::Stale)));
         assert_eq!(store.objects().len(), 3);
+        fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn a_prepared_change_is_renamed_into_place_or_abandoned() {
+        let d = tmpdir("prepared");
+        let mut store = ObjectStore::open(&d).expect("open");
+        let tmp_files = |d: &Path| -> usize {
+            let mut n = 0;
+            let mut dirs = vec![d.to_path_buf()];
+            while let Some(dir) = dirs.pop() {
+                for e in fs::read_dir(&dir).expect("listing").flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if e.path().is_dir() {
+                        dirs.push(e.path());
+                    } else if name.ends_with(".tmp") {
+                        n += 1;
+                    }
+                }
+            }
+            n
+        };
+        // Abandoned: nothing stored, no file left behind.
+        let staged = store.stage_apply(objects(DOC));
+        let prepared = staged.prepare(store.dir()).expect("prepared");
+        assert_eq!(tmp_files(&d), 3, "written aside");
+        prepared.abandon();
+        assert_eq!(tmp_files(&d), 0);
+        assert!(store.objects().is_empty());
+        // Committed: as a plain commit, and read back the same.
+        let staged = store.stage_apply(objects(DOC));
+        let prepared = staged.prepare(store.dir());
+        store.commit_prepared(staged, prepared).expect("commit");
+        assert_eq!(store.objects().len(), 3);
+        assert_eq!(tmp_files(&d), 0);
+        let reopened = ObjectStore::open(&d).expect("reopen");
+        assert_eq!(reopened.objects(), store.objects());
+        // Prepared against an older state: refused, nothing left behind.
+        let first = store.stage_delete(vec![ObjectKey::new(Kind::Namespace, "", "prod")]);
+        let second = store.stage_apply(objects(DOC));
+        store.commit(first).expect("commit");
+        let prepared = second.prepare(store.dir());
+        assert!(matches!(
+            store.commit_prepared(second, prepared),
+            Err(ObjectStoreError::Stale)
+        ));
+        assert_eq!(tmp_files(&d), 0);
         fs::remove_dir_all(&d).expect("cleanup");
     }
 
