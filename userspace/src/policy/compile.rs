@@ -485,6 +485,10 @@ fn classes(parts: &[&Part], who: &str) -> Result<DirPlan, CompileError> {
     let everywhere: Vec<usize> = (0..parts.len())
         .filter(|&i| matches!(parts[i].ports, Ports::All))
         .collect();
+    // The class of the parts with every port, once (a protocol no part
+    // names ports of has that class alone: 10,000 such parts are one union,
+    // not one per protocol).
+    let mut everywhere_class: Option<u16> = None;
     for proto in PORT_PROTOCOLS {
         let mut bounds: BTreeSet<u32> = BTreeSet::from([0, 1 << 16]);
         let mut ranges: Vec<(u32, u32, usize)> = Vec::new();
@@ -502,6 +506,15 @@ fn classes(parts: &[&Part], who: &str) -> Result<DirPlan, CompileError> {
         if ranges.is_empty() && everywhere.is_empty() {
             continue;
         }
+        if ranges.is_empty() {
+            let class = match everywhere_class {
+                Some(c) => c,
+                None => class_of(everywhere.clone(), &mut plan)?,
+            };
+            everywhere_class = Some(class);
+            plan.ports.push((proto, 0, 0, class));
+            continue;
+        }
         let bounds: Vec<u32> = bounds.into_iter().collect();
         for w in bounds.windows(2) {
             let (start, end) = (w[0], w[1]);
@@ -515,8 +528,10 @@ fn classes(parts: &[&Part], who: &str) -> Result<DirPlan, CompileError> {
             if set.is_empty() {
                 continue;
             }
-            set.sort_unstable();
-            set.dedup();
+            if !set.windows(2).all(|w| w[0] < w[1]) {
+                set.sort_unstable();
+                set.dedup();
+            }
             let class = class_of(set, &mut plan)?;
             for (first, bits) in aligned_blocks(u64::from(start), u64::from(end), 16) {
                 plan.ports.push((proto, first as u16, bits, class));
@@ -524,7 +539,10 @@ fn classes(parts: &[&Part], who: &str) -> Result<DirPlan, CompileError> {
         }
     }
     if !everywhere.is_empty() {
-        let class = class_of(everywhere, &mut plan)?;
+        let class = match everywhere_class {
+            Some(c) => c,
+            None => class_of(everywhere, &mut plan)?,
+        };
         plan.ports.push((OTHER, 0, 0, class));
     }
     Ok(plan)

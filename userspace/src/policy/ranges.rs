@@ -102,7 +102,7 @@ impl AddrSet {
     /// The set as disjoint prefixes (network, length, label), the fewest
     /// that cover exactly the set.
     pub fn prefixes(&self) -> Vec<(Ipv4Addr, u8, u32)> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.spans.len());
         for &(s, e, l) in &self.spans {
             for (start, bits) in aligned_blocks(s, e, 32) {
                 out.push((Ipv4Addr::from(start as u32), bits, l));
@@ -113,10 +113,14 @@ impl AddrSet {
 }
 
 /// The aligned blocks covering `[s, e)` in a space of `width` bits: (first
-/// value, significant bits).
-pub fn aligned_blocks(mut s: u64, e: u64, width: u32) -> Vec<(u64, u8)> {
-    let mut out = Vec::new();
-    while s < e {
+/// value, significant bits), in order (an iterator: a trie's 10,000
+/// prefixes are listed without a list per span).
+pub fn aligned_blocks(s: u64, e: u64, width: u32) -> impl Iterator<Item = (u64, u8)> {
+    let mut s = s;
+    std::iter::from_fn(move || {
+        if s >= e {
+            return None;
+        }
         let mut size: u64 = if s == 0 {
             1 << width
         } else {
@@ -125,10 +129,10 @@ pub fn aligned_blocks(mut s: u64, e: u64, width: u32) -> Vec<(u64, u8)> {
         while s + size > e {
             size >>= 1;
         }
-        out.push((s, (width - size.trailing_zeros()) as u8));
+        let block = (s, (width - size.trailing_zeros()) as u8);
         s += size;
-    }
-    out
+        Some(block)
+    })
 }
 
 #[cfg(test)]
@@ -141,10 +145,11 @@ mod tests {
 
     #[test]
     fn blocks_cover_exactly() {
-        assert_eq!(aligned_blocks(0, 1 << 16, 16), vec![(0, 0)]);
-        assert_eq!(aligned_blocks(80, 81, 16), vec![(80, 16)]);
+        let blocks = |s, e, w| aligned_blocks(s, e, w).collect::<Vec<_>>();
+        assert_eq!(blocks(0, 1 << 16, 16), vec![(0, 0)]);
+        assert_eq!(blocks(80, 81, 16), vec![(80, 16)]);
         // 32000..=32768: 32000/8 … 32768/16.
-        let b = aligned_blocks(32000, 32769, 16);
+        let b = blocks(32000, 32769, 16);
         let covered: u64 = b.iter().map(|&(_, bits)| 1u64 << (16 - bits)).sum();
         assert_eq!(covered, 769);
         assert_eq!(b.last(), Some(&(32768, 16)));
