@@ -303,7 +303,8 @@ impl Agent {
             // The files are written aside while the change is checked
             // (independent kernel work: 100 NetworkPolicies' files and
             // their 10,000 trie entries took 27 and 26 ms one after the
-            // other), renamed into place only once the check passed.
+            // other, `bench policy` 2026-12-02), renamed into place only
+            // once the check passed.
             let dir = state.objects.dir().to_owned();
             let (checked, prepared) = std::thread::scope(|s| {
                 let writer = s.spawn(|| staged.prepare(&dir));
