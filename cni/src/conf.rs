@@ -383,14 +383,21 @@ impl NetConf {
         Ok(out)
     }
 
-    /// Validated bandwidth.
-    pub fn bandwidth(&self) -> Option<Bandwidth> {
-        self.runtime_config.bandwidth.as_ref().map(|b| Bandwidth {
+    /// Validated bandwidth (code 7 when the reference `bandwidth` plugin
+    /// would refuse it).
+    pub fn bandwidth(&self) -> Result<Option<Bandwidth>, CniError> {
+        let Some(b) = self.runtime_config.bandwidth.as_ref() else {
+            return Ok(None);
+        };
+        let bw = Bandwidth {
             ingress_rate: b.ingress_rate,
             ingress_burst: b.ingress_burst,
             egress_rate: b.egress_rate,
             egress_burst: b.egress_burst,
-        })
+        };
+        bw.validate()
+            .map_err(|e| invalid(format!("runtimeConfig.bandwidth: {e}")))?;
+        Ok(Some(bw))
     }
 
     /// A requested address from `runtimeConfig.ips` or `args.cni.ips`.
@@ -577,7 +584,7 @@ mod tests {
             "HostIP \"\" is every node address"
         );
         assert_eq!(
-            c.bandwidth(),
+            c.bandwidth().expect("valid bandwidth"),
             Some(Bandwidth {
                 ingress_rate: Some(1_000_000),
                 ingress_burst: Some(2_000_000),

@@ -202,6 +202,7 @@ fn cmd_add(
         routes,
         requested,
     } = rivet_cni::add_inputs(args, conf)?;
+    let bandwidth = conf.bandwidth()?;
 
     // Delegated IPAM chooses the address; rivet's IPAM is the agent.
     let delegated = conf.delegated_ipam();
@@ -229,7 +230,7 @@ fn cmd_add(
         },
         pod: cni_args.pod,
         port_mappings,
-        bandwidth: conf.bandwidth(),
+        bandwidth,
         routes,
         ..EndpointSpec::new(&args.container_id, &netns)
     };

@@ -70,7 +70,7 @@ use aya_ebpf::{EbpfContext as _, programs::TcContext};
 use rivet_common::{Counter, endpoint_flags};
 
 use crate::{
-    arp, frag,
+    arp, bandwidth, frag,
     headers::{
         ETH_HLEN, ETH_P_ARP, ETH_P_IP, EthHdr, IPPROTO_ICMP, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN,
         Ipv4Hdr,
@@ -135,6 +135,11 @@ pub fn handle(ctx: TcContext) -> i32 {
     if eth.src != src.mac {
         return verdict::drop(ctx, Counter::DropSpoofedMac);
     }
+    // The pod's egress limit: every packet it sends, before anything
+    // forwards it.
+    if src.flags & endpoint_flags::BANDWIDTH_EGRESS != 0 && bandwidth::egress_over(ctx, ifindex) {
+        return verdict::drop(ctx, Counter::DropBandwidth);
+    }
 
     let dst = addr(&ip.dst);
     let Some(cfg) = maps::config() else {
@@ -177,7 +182,7 @@ pub fn handle(ctx: TcContext) -> i32 {
                 ipv4::decrease_ttl(ip);
                 copy_mac(&mut eth.dst, &peer.mac);
                 copy_mac(&mut eth.src, &peer.host_mac);
-                return verdict::redirect_peer(ctx, peer.ifindex, Counter::FwdLocal);
+                return bandwidth::deliver(ctx, peer.ifindex, peer.flags, Counter::FwdLocal);
             }
             // Tunnel traffic from a pod to any node is never legitimate: it
             // would be decapsulated as if a node had sent it (tunnel

@@ -24,6 +24,7 @@
 //! | [`tcp_ts`] | TCP timestamps of masqueraded flows |
 //! | [`service`] | Kubernetes Services: frontends, backend choice, affinity |
 //! | [`sock`] | Services and hostPorts at the socket (cgroup hooks) |
+//! | [`bandwidth`] | pod bandwidth limits: steering through the qdiscs, the egress check |
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -33,6 +34,7 @@
 )]
 
 mod arp;
+mod bandwidth;
 mod encap;
 mod events;
 mod fib;

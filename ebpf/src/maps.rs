@@ -292,6 +292,11 @@ pub fn policy_allowed(slot: u32) {
     }
 }
 
+/// Pod bandwidth limits by host-side veth ifindex (`crate::bandwidth`).
+#[map]
+pub static BANDWIDTH: HashMap<u32, rivet_common::PodBandwidth> =
+    HashMap::with_max_entries(ENDPOINTS_MAX, 0);
+
 /// Per-CPU working memory of the policy verdict (`crate::policy`).
 #[map]
 pub static POLICY_SCRATCH: PerCpuArray<[u64; POLICY_SCRATCH_BYTES / 8]> =

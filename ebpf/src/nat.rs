@@ -1070,5 +1070,5 @@ pub fn to_pod(ctx: &TcContext, ep: &EndpointInfo, counter: Counter) -> i32 {
             (*eth).src = ep.host_mac;
         }
     }
-    verdict::redirect_peer(ctx, ep.ifindex, counter)
+    crate::bandwidth::deliver(ctx, ep.ifindex, ep.flags, counter)
 }

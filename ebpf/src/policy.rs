@@ -525,7 +525,7 @@ pub fn finish_uplink(ctx: TcContext) -> i32 {
         return verdict::drop(ctx, reason);
     }
     match what {
-        Deferred::Redirect(ifindex) => verdict::redirect_peer(ctx, ifindex, counter),
+        Deferred::Redirect(ifindex) => crate::bandwidth::deliver(ctx, ifindex, flags, counter),
         Deferred::Pass => verdict::pass(ctx, counter),
     }
 }

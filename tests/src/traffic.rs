@@ -267,6 +267,140 @@ fn iperf3_run(
     }
 }
 
+/// What a receiver saw in an iperf3 run, second by second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    /// Bits received in each interval of the run, per second (iperf3's
+    /// one-second intervals, at the receiving end).
+    pub per_second: Vec<f64>,
+    /// Retransmits the sender reported (TCP).
+    pub retransmits: u64,
+    /// Datagrams lost (UDP).
+    pub lost: u64,
+}
+
+impl Received {
+    /// Mean bits/s over the intervals from `skip` on.
+    pub fn mean_from(&self, skip: usize) -> f64 {
+        let rest = &self.per_second[skip.min(self.per_second.len())..];
+        assert!(
+            !rest.is_empty(),
+            "no interval after the first {skip}: {self:?}"
+        );
+        rest.iter().sum::<f64>() / rest.len() as f64
+    }
+}
+
+/// The load of an iperf3 run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Seconds.
+    pub secs: u32,
+    /// Parallel TCP streams (ignored with `udp_bitrate`).
+    pub streams: u32,
+    /// One UDP stream offered at this rate (iperf3 `-b`, bits/s).
+    pub udp_bitrate: Option<u64>,
+    /// The server sends (iperf3 `-R`).
+    pub reverse: bool,
+}
+
+/// Runs iperf3 from `client` to `server_ip:port` (server in `server`) with
+/// `load`. The figures are the receiving end's own: the sender's count
+/// bytes written into its socket buffer, which the first second overstates.
+pub fn iperf3_received(
+    client: &Netns,
+    server: &Netns,
+    server_ip: Ipv4Addr,
+    port: u16,
+    load: Load,
+) -> Received {
+    let Load {
+        secs,
+        streams,
+        udp_bitrate,
+        reverse,
+    } = load;
+    // The server speaks JSON too: its intervals come back inside the
+    // client's output (`server_output_json`).
+    let _server = ChildGuard(
+        server
+            .command("iperf3")
+            .args(["-s", "-1", "-J", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting iperf3 -s in {}: {e}", server.name())),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut args = vec![
+            "-c".to_owned(),
+            server_ip.to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-t".into(),
+            secs.to_string(),
+            "-P".into(),
+            streams.to_string(),
+            "-J".into(),
+            "--get-server-output".into(),
+        ];
+        if let Some(b) = udp_bitrate {
+            args.extend([
+                "-u".into(),
+                "-b".into(),
+                b.to_string(),
+                "-l".into(),
+                "1400".into(),
+            ]);
+        }
+        if reverse {
+            args.push("-R".into());
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = client.output("iperf3", &refs);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let receiver = if reverse {
+            &json
+        } else {
+            &json["server_output_json"]
+        };
+        if let Some(intervals) = receiver["intervals"].as_array()
+            && !intervals.is_empty()
+        {
+            // The closing interval of a run can be a sliver of a second:
+            // left out.
+            let per_second = intervals
+                .iter()
+                .filter(|i| i["sum"]["seconds"].as_f64().is_none_or(|s| s >= 0.5))
+                .map(|i| {
+                    let sum = &i["sum"];
+                    let (bytes, secs) = (sum["bytes"].as_f64(), sum["seconds"].as_f64());
+                    match (bytes, secs) {
+                        (Some(b), Some(s)) if s > 0.0 => b * 8.0 / s,
+                        _ => panic!("iperf3 interval without bytes/seconds: {i}"),
+                    }
+                })
+                .collect();
+            let end = &json["end"];
+            return Received {
+                per_second,
+                retransmits: end["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+                lost: receiver["end"]["sum"]["lost_packets"].as_u64().unwrap_or(0),
+            };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "iperf3 to {server_ip}:{port} from {} failed: {}{}",
+            client.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

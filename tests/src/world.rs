@@ -633,11 +633,26 @@ impl World {
         self.add_pod_with(n, mappings, Some(meta))
     }
 
+    /// Adds a pod with bandwidth limits, through the agent.
+    pub fn add_pod_with_bandwidth(&mut self, n: usize, bandwidth: rivet_api::Bandwidth) -> usize {
+        self.add_pod_full(n, Vec::new(), None, Some(bandwidth))
+    }
+
     fn add_pod_with(
         &mut self,
         n: usize,
         mappings: Vec<rivet_api::PortMapping>,
         pod: Option<rivet_api::PodMeta>,
+    ) -> usize {
+        self.add_pod_full(n, mappings, pod, None)
+    }
+
+    fn add_pod_full(
+        &mut self,
+        n: usize,
+        mappings: Vec<rivet_api::PortMapping>,
+        pod: Option<rivet_api::PodMeta>,
+        bandwidth: Option<rivet_api::Bandwidth>,
     ) -> usize {
         let node = &mut self.nodes[n];
         let host = node.next_host;
@@ -649,6 +664,7 @@ impl World {
         let mut spec = EndpointSpec::new(&name, ns.path().display().to_string()).with_ip(ip);
         spec.port_mappings = mappings;
         spec.pod = pod;
+        spec.bandwidth = bandwidth;
         let endpoint = match node.agent().client().call(&Request::EndpointAdd(spec)) {
             Ok(Response::Endpoint(ep)) => ep,
             other => panic!(

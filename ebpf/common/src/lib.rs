@@ -93,6 +93,10 @@ pub mod map_names {
     pub const POLICY_STATS: &str = "POLICY_STATS";
     /// The policy verdict's per-CPU working memory (datapath only).
     pub const POLICY_SCRATCH: &str = "POLICY_SCRATCH";
+    /// Pod bandwidth limits: `u32` ifindex of the pod's host-side veth →
+    /// [`crate::PodBandwidth`], a token bucket per direction the datapath
+    /// charges and the agent sets.
+    pub const BANDWIDTH: &str = "BANDWIDTH";
 
     /// Every map the agent pins: the names of [`crate::MAPS`], in its order.
     pub const ALL: [&str; crate::MAPS.len()] = {
@@ -204,7 +208,7 @@ const _: () =
 /// Every map of the datapath, stated once: names, types, layouts and
 /// capacities ([`map_names::ALL`] and the agent's layout checks, pins and
 /// sized maps come from here).
-pub const MAPS: [MapSpec; 30] = {
+pub const MAPS: [MapSpec; 31] = {
     use MapKind::*;
     use map_names as n;
     [
@@ -253,6 +257,9 @@ pub const MAPS: [MapSpec; 30] = {
             .sized(MapSizing::Configured("max_policy_flows")),
         MapSpec::new::<u32, [u64; POLICY_SCRATCH_BYTES / 8]>(n::POLICY_SCRATCH, PerCpuArray, 1),
         MapSpec::new::<u32, u64>(n::POLICY_STATS, PerCpuArray, policy_stat::SLOTS),
+        // An entry per pod with a limit.
+        MapSpec::new::<u32, PodBandwidth>(n::BANDWIDTH, Hash, ENDPOINTS_MAX)
+            .sized(MapSizing::Follows("max_endpoints")),
     ]
 };
 
@@ -498,6 +505,60 @@ pub mod endpoint_flags {
     pub const POLICY_INGRESS: u32 = 8;
     /// NetworkPolicy isolates the pod's egress.
     pub const POLICY_EGRESS: u32 = 16;
+    /// The pod's egress is limited: `BANDWIDTH` holds its bucket
+    /// ([`crate::bandwidth_dir::EGRESS`]).
+    pub const BANDWIDTH_EGRESS: u32 = 32;
+    /// The pod's ingress is limited: `BANDWIDTH` holds its bucket
+    /// ([`crate::bandwidth_dir::INGRESS`]).
+    pub const BANDWIDTH_INGRESS: u32 = 64;
+}
+
+/// Value of the bandwidth map: a pod's buckets, by [`bandwidth_dir`]. A
+/// direction without a limit has a zero bucket (and no endpoint flag).
+/// The ingress bucket holds the settings only (its qdisc on the host veth
+/// shapes; the datapath steers through it); the egress bucket is charged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PodBandwidth {
+    /// Indexed by [`bandwidth_dir`].
+    pub buckets: [Bucket; 2],
+}
+
+/// Directions of a pod's bandwidth limit (indexes of
+/// [`PodBandwidth::buckets`]).
+pub mod bandwidth_dir {
+    /// Traffic the pod sends: shaped by the pod's `eth0` qdisc, checked
+    /// at `from_pod` before any redirect or encapsulation.
+    pub const EGRESS: usize = 0;
+    /// Traffic to the pod: delivered through the host veth's qdisc.
+    pub const INGRESS: usize = 1;
+}
+
+/// A token bucket as a GCRA (virtual scheduling), the datapath's check of
+/// a pod's egress behind the qdisc that shapes it: a packet of `n` wire
+/// bytes costs `n × 10⁹ / rate` ns of [`Bucket::tat`]; it passes while the
+/// bucket's debt `tat − now` stays within [`Bucket::depth_ns`], else it is
+/// dropped (`drop_bandwidth`). A packet finding no debt always passes (a
+/// GSO packet may be larger than the depth; it leaves a debt it pays off
+/// at the rate). Written whole by the agent (a new limit starts with a
+/// full bucket); the datapath adds to `tat` and the drop counters with
+/// atomic adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Bucket {
+    /// Rate, bytes per second (≥ 1).
+    pub rate: u64,
+    /// Depth (the burst), as nanoseconds of the rate.
+    pub depth_ns: u64,
+    /// Theoretical arrival time (`bpf_ktime_get_ns` clock) of the next
+    /// packet: the bucket is full when it is at or before now.
+    pub tat: u64,
+    /// Packets dropped over the limit.
+    pub dropped_packets: u64,
+    /// Wire bytes dropped over the limit.
+    pub dropped_bytes: u64,
+    /// Wire bytes passed.
+    pub passed_bytes: u64,
 }
 
 /// Node-wide settings read by every program; one entry at index 0.
@@ -927,6 +988,9 @@ pub enum Counter {
     /// From a pod whose egress NetworkPolicy isolates, to a peer, port and
     /// protocol no rule allows, and not part of a known flow.
     DropPolicyEgress = 58,
+    /// Sent by a pod beyond its egress bandwidth limit, around the qdisc
+    /// that shapes it (the pod's bucket in `BANDWIDTH` counts them too).
+    DropBandwidth = 59,
 }
 
 impl Counter {
@@ -934,7 +998,7 @@ impl Counter {
     pub const FIRST_DROP: u32 = 32;
 
     /// Every counter, in index order.
-    pub const ALL: [Counter; 49] = [
+    pub const ALL: [Counter; 50] = [
         Counter::FwdLocal,
         Counter::PassHost,
         Counter::PassOther,
@@ -984,6 +1048,7 @@ impl Counter {
         Counter::DropSvcBackendUnreachable,
         Counter::DropPolicyIngress,
         Counter::DropPolicyEgress,
+        Counter::DropBandwidth,
     ];
 
     /// Index in the stats map.
@@ -1050,6 +1115,7 @@ impl Counter {
             Counter::DropSvcBackendUnreachable => ("drop_svc_backend_unreachable", Drop),
             Counter::DropPolicyIngress => ("drop_policy_ingress", Drop),
             Counter::DropPolicyEgress => ("drop_policy_egress", Drop),
+            Counter::DropBandwidth => ("drop_bandwidth", Drop),
         }
     }
 
@@ -1148,6 +1214,8 @@ mod pod {
     unsafe impl aya::Pod for super::FlowKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowState {}
+    // SAFETY: repr(C), only integers, no padding (six u64 per bucket).
+    unsafe impl aya::Pod for super::PodBandwidth {}
 }
 
 // No implicit padding: the sizes are the sums of the fields.

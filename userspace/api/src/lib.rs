@@ -81,6 +81,9 @@ pub enum Request {
     EndpointCheck(EndpointCheck),
     /// List the node's endpoints.
     EndpointList {},
+    /// Change the bandwidth limits of a running attachment (answer: the
+    /// updated endpoint).
+    EndpointBandwidth(EndpointBandwidth),
     /// Remove every attachment not in `valid` (CNI GC).
     Gc(GcRequest),
     /// Add or update a remote node (its pod subnet and address).
@@ -699,6 +702,17 @@ pub struct PortMapping {
     pub host_ip: Option<Ipv4Addr>,
 }
 
+/// New bandwidth limits for a running attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointBandwidth {
+    /// The attachment.
+    pub endpoint: EndpointRef,
+    /// Its limits from now on (`None`: none).
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+}
+
 /// Traffic shaping, in bits per second and bits (the CNI convention).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -715,6 +729,45 @@ pub struct Bandwidth {
     /// Burst out of the pod.
     #[serde(default)]
     pub egress_burst: Option<u64>,
+}
+
+impl Bandwidth {
+    /// Checks the limits as the reference `bandwidth` plugin does: a rate
+    /// needs a burst and a burst a rate; a burst fits in 4 GiB. Also
+    /// refused: a rate below 8 bit/s (less than a byte per second).
+    pub fn validate(&self) -> Result<(), String> {
+        for (dir, rate, burst) in [
+            ("ingress", self.ingress_rate, self.ingress_burst),
+            ("egress", self.egress_rate, self.egress_burst),
+        ] {
+            let (rate, burst) = (rate.unwrap_or(0), burst.unwrap_or(0));
+            if rate != 0 && burst == 0 {
+                return Err(format!("{dir}Rate is set: {dir}Burst must be set too"));
+            }
+            if rate == 0 && burst != 0 {
+                return Err(format!("{dir}Burst is set: {dir}Rate must be set too"));
+            }
+            if burst / 8 >= u64::from(u32::MAX) {
+                return Err(format!("{dir}Burst {burst} bits: more than 4 GiB"));
+            }
+            if rate != 0 && rate < 8 {
+                return Err(format!(
+                    "{dir}Rate {rate} bit/s: less than a byte per second"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when either direction is limited (a nonzero rate).
+    pub fn limits_any(&self) -> bool {
+        self.limits_ingress() || self.egress_rate.unwrap_or(0) != 0
+    }
+
+    /// True when traffic into the pod is limited.
+    pub fn limits_ingress(&self) -> bool {
+        self.ingress_rate.unwrap_or(0) != 0
+    }
 }
 
 /// A remote node as the datapath routes to it.
@@ -1350,6 +1403,41 @@ impl<R: std::io::Read> std::io::Read for Counted<R> {
 
 #[cfg(test)]
 mod tests {
+
+    fn bw(ir: Option<u64>, ib: Option<u64>, er: Option<u64>, eb: Option<u64>) -> Bandwidth {
+        Bandwidth {
+            ingress_rate: ir,
+            ingress_burst: ib,
+            egress_rate: er,
+            egress_burst: eb,
+        }
+    }
+
+    #[test]
+    fn bandwidth_refused_as_the_reference_plugin_refuses_it() {
+        assert!(
+            bw(Some(1_000_000), Some(8_000_000), None, None)
+                .validate()
+                .is_ok()
+        );
+        assert!(bw(None, None, None, None).validate().is_ok());
+        let e = bw(Some(1_000_000), None, None, None)
+            .validate()
+            .expect_err("refused");
+        assert!(e.contains("ingressBurst must be set"), "{e}");
+        let e = bw(None, None, None, Some(1000))
+            .validate()
+            .expect_err("refused");
+        assert!(e.contains("egressRate must be set"), "{e}");
+        let e = bw(None, None, Some(1000), Some(8 * u64::from(u32::MAX)))
+            .validate()
+            .expect_err("refused");
+        assert!(e.contains("4 GiB"), "{e}");
+        assert!(bw(Some(7), Some(100), None, None).validate().is_err());
+        assert!(bw(Some(8), Some(100), None, None).limits_any());
+        assert!(!bw(Some(0), Some(0), None, None).limits_any());
+    }
+
     use super::*;
 
     #[test]

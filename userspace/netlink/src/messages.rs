@@ -175,6 +175,63 @@ pub fn clsact(index: u32) -> TcMessage {
     msg
 }
 
+/// A token bucket filter: rate in bytes/s, bucket (burst) and queue
+/// (limit) in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tbf {
+    /// Rate, bytes per second.
+    pub rate: u64,
+    /// Bucket depth, bytes: sent at line rate after idle.
+    pub burst: u32,
+    /// Queue, bytes: beyond it packets are dropped.
+    pub limit: u32,
+}
+
+/// `tc qdisc replace dev <index> root handle 1: tbf rate … burst … limit …`
+/// (the rate linklayer-aware: no rate table needed).
+pub fn tbf(index: u32, t: &Tbf) -> TcMessage {
+    use netlink_packet_core::DefaultNla;
+    // struct tc_tbf_qopt: rate and peakrate (struct tc_ratespec: cell_log,
+    // linklayer, overhead, cell_align, mpu, rate), limit, buffer, mtu.
+    const TC_LINKLAYER_ETHERNET: u8 = 1;
+    const TCA_TBF_PARMS: u16 = 1;
+    const TCA_TBF_RATE64: u16 = 4;
+    const TCA_TBF_BURST: u16 = 6;
+    let mut parms = Vec::with_capacity(36);
+    parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
+    parms.extend_from_slice(&u32::try_from(t.rate).unwrap_or(u32::MAX).to_ne_bytes());
+    parms.extend_from_slice(&[0; 12]);
+    parms.extend_from_slice(&t.limit.to_ne_bytes());
+    parms.extend_from_slice(&0u32.to_ne_bytes());
+    parms.extend_from_slice(&0u32.to_ne_bytes());
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = TcHandle::ROOT;
+    msg.header.handle = TcHandle { major: 1, minor: 0 };
+    msg.attributes.push(TcAttribute::Kind("tbf".into()));
+    let mut options = vec![
+        TcOption::Other(DefaultNla::new(TCA_TBF_PARMS, parms)),
+        TcOption::Other(DefaultNla::new(
+            TCA_TBF_BURST,
+            t.burst.to_ne_bytes().to_vec(),
+        )),
+    ];
+    if t.rate > u64::from(u32::MAX) {
+        options.push(TcOption::Other(DefaultNla::new(
+            TCA_TBF_RATE64,
+            t.rate.to_ne_bytes().to_vec(),
+        )));
+    }
+    msg.attributes.push(TcAttribute::Options(options));
+    msg
+}
+
+/// `tc qdisc del dev <index> root`.
+pub fn root_qdisc(index: u32) -> TcMessage {
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = TcHandle::ROOT;
+    msg
+}
+
 /// A direct-action `cls_bpf` filter on the clsact hook of `index`.
 #[derive(Debug, Clone)]
 pub struct BpfFilter<'a> {

@@ -3,15 +3,15 @@
 //! network namespace of the thread that opened it.
 
 use netlink_packet_core::{
-    ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer,
-    NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use crate::{
     Error,
-    messages::{LinkInfo, link_info, link_named},
+    messages::{LinkInfo, Tbf, link_info, link_named, root_qdisc, tbf},
 };
 
 /// Flags of a request creating an object that must not exist yet.
@@ -211,6 +211,28 @@ impl RouteSocket {
         ) {
             Ok(()) => Ok(true),
             Err(e) if e.errno() == libc::ENODEV => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes a [`Tbf`] the root qdisc of link `index` (replacing the one
+    /// there).
+    pub fn replace_tbf(&mut self, index: u32, t: &Tbf) -> Result<(), Error> {
+        self.request(
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t)),
+        )
+    }
+
+    /// Removes the root qdisc of link `index` (back to the default): false
+    /// when it had none of its own.
+    pub fn delete_root_qdisc(&mut self, index: u32) -> Result<bool, Error> {
+        match self.request(
+            NLM_F_REQUEST | NLM_F_ACK,
+            RouteNetlinkMessage::DelQueueDiscipline(root_qdisc(index)),
+        ) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.errno(), libc::ENOENT | libc::EINVAL) => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -29,7 +29,9 @@ use rivet_common::{MAPS, MapSizing};
 pub use self::{
     attach::{LinkState, PROGRAMS, TC_HANDLE, TC_PRIORITY, links},
     maps::{
-        SIZED_MAPS, map_full_counts, note_map_full,
+        SIZED_MAPS,
+        bandwidth::bandwidth_flags,
+        map_full_counts, note_map_full,
         policy::{PeerEntry, PortEntry},
     },
     object::{OBJECT, ObjectInfo, load_verified, object_hash, object_stamp},

@@ -106,6 +106,10 @@ impl Endpoints {
             )));
         }
         validate_port_mappings(&spec.port_mappings, local, self.settings.reserved_ports)?;
+        if let Some(bw) = &spec.bandwidth {
+            bw.validate()
+                .map_err(|e| EndpointError::BadRequest(format!("bandwidth: {e}")))?;
+        }
         parse_routes(&spec.routes)?;
         if spec.port_mappings.is_empty() {
             return Ok(());
@@ -309,6 +313,14 @@ impl Endpoints {
                 dp.remove_endpoint(ep.ip)?;
             }
             remove_hostports(dp, ep)?;
+            // Limits are kept by ifindex: never those of another pod's veth
+            // that took the index of a veth already gone.
+            let reused = self.by_ref.values().any(|other| {
+                other.host_ifindex == ep.host_ifindex && other.reference() != ep.reference()
+            });
+            if ep.host_ifindex != 0 && !reused {
+                dp.remove_pod_bandwidth(ep.host_ifindex)?;
+            }
             // The namespace stays marked while another attachment (a second
             // network of the same pod) lives in it.
             if let Some(cookie) = ep.netns_cookie

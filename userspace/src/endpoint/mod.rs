@@ -31,6 +31,7 @@
 //! the pod side in `pod`, hostPorts in `hostports`, reconciliation in
 //! `reconcile`, address choice in [`ipam`].
 
+pub mod bandwidth;
 mod hostports;
 pub mod ipam;
 mod lifecycle;

@@ -44,6 +44,8 @@ pub(super) struct Rollback {
     veth: Option<(u32, String)>,
     map_ip: Option<Ipv4Addr>,
     link: Option<String>,
+    /// A `BANDWIDTH` entry by host veth ifindex.
+    bandwidth: Option<u32>,
     hostports: Vec<HostPortKey>,
     netns_cookie: Option<u64>,
 }
@@ -64,6 +66,11 @@ impl Rollback {
             && let Err(e) = dp.detach(&ifname, Hook::Ingress)
         {
             tracing::warn!(error = %e, "rollback: detaching");
+        }
+        if let Some(ifindex) = self.bandwidth
+            && let Err(e) = dp.remove_pod_bandwidth(ifindex)
+        {
+            tracing::warn!(error = %e, "rollback: removing bandwidth limits");
         }
         if let Some(ip) = self.map_ip
             && let Err(e) = dp.remove_endpoint(ip)
@@ -266,6 +273,16 @@ impl Endpoints {
             )));
         }
         self.step("after_both_sides", &mut timeline)?;
+        // Bandwidth limits once the pod's interface is in place: the
+        // qdiscs, then the map entry (the endpoint's flags follow it; an
+        // ingress flag steers through the host veth's qdisc).
+        let (shapers, limits) = super::bandwidth::plan(ep.bandwidth.as_ref());
+        if let Some(limits) = limits {
+            rollback.bandwidth = Some(host_link.index);
+            super::bandwidth::shape(host_link.index, &host, &ep.netns, &ep.ifname, &shapers)?;
+            dp.set_pod_bandwidth(ep.ip, host_link.index, Some(limits))?;
+            timeline.mark("bandwidth");
+        }
 
         if !tc_mode {
             dp.attach_with(

@@ -131,6 +131,16 @@ impl Endpoints {
                     Hook::Ingress,
                 )?;
             }
+            // Limits as recorded; the qdiscs checked at start-up.
+            self.apply_bandwidth(dp, &ep, false, matches!(reattach, Reattach::All))?;
+        }
+        // Limits of veths no record owns (ifindexes are reused).
+        let owned: HashSet<u32> = self.by_ref.values().map(|e| e.host_ifindex).collect();
+        for (ifindex, _) in dp.list_bandwidth()? {
+            if !owned.contains(&ifindex) {
+                tracing::info!(ifindex, "removing bandwidth limits without an endpoint");
+                dp.remove_pod_bandwidth(ifindex)?;
+            }
         }
 
         timeline.mark("records");

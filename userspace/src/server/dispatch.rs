@@ -103,6 +103,7 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
             | Request::NodeDel { .. }
             | Request::EndpointAdd(_)
             | Request::EndpointDel(_)
+            | Request::EndpointBandwidth(_)
             | Request::Gc(_)
     );
     let answer = match request {
@@ -118,6 +119,7 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         Request::EndpointList {} => Ok(Response::Endpoints {
             endpoints: state.endpoints.list(),
         }),
+        Request::EndpointBandwidth(b) => endpoint_bandwidth(state, b),
         Request::Status {}
         | Request::Stats {}
         | Request::NatList { .. }
@@ -230,6 +232,21 @@ async fn endpoint_del(
         });
     }
     Ok(Response::Deleted { existed })
+}
+
+fn endpoint_bandwidth(
+    mut state: Locked<'_>,
+    b: rivet_api::EndpointBandwidth,
+) -> Result<Response, ApiError> {
+    let NodeState { dp, endpoints, .. } = &mut *state;
+    let ep = endpoints.set_bandwidth(&b.endpoint, b.bandwidth, dp)?;
+    tracing::info!(
+        container = %b.endpoint.container_id,
+        ifname = %b.endpoint.ifname,
+        bandwidth = ?ep.bandwidth,
+        "bandwidth limits changed"
+    );
+    Ok(Response::Endpoint(ep))
 }
 
 async fn endpoint_check(

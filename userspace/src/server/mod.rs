@@ -278,6 +278,7 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::Gc(_) => "GC",
         Request::Status {} => "STATUS",
         Request::EndpointList {} => "endpoint_list",
+        Request::EndpointBandwidth(_) => "endpoint_bandwidth",
         Request::NodeSet(_) => "node_set",
         Request::NodeDel { .. } => "node_del",
         Request::NodeList {} => "node_list",

@@ -226,6 +226,30 @@ pub enum EndpointAction {
         #[arg(long, default_value = "eth0")]
         ifname: String,
     },
+    /// Set or clear the bandwidth limits of a running pod (the CNI
+    /// `bandwidth` capability's; rates in bit/s and bursts in bits, with
+    /// k/M/G suffixes: `--egress-rate 10M --egress-burst 1M`; no rate
+    /// given: no limits).
+    Bandwidth {
+        /// Container (sandbox) ID.
+        #[arg(long)]
+        container_id: String,
+        /// Interface name inside the pod.
+        #[arg(long, default_value = "eth0")]
+        ifname: String,
+        /// Rate into the pod.
+        #[arg(long, value_parser = parse_bits)]
+        ingress_rate: Option<u64>,
+        /// Burst into the pod.
+        #[arg(long, value_parser = parse_bits)]
+        ingress_burst: Option<u64>,
+        /// Rate out of the pod.
+        #[arg(long, value_parser = parse_bits)]
+        egress_rate: Option<u64>,
+        /// Burst out of the pod.
+        #[arg(long, value_parser = parse_bits)]
+        egress_burst: Option<u64>,
+    },
     /// Verify every resource of an attachment.
     Check {
         /// Container (sandbox) ID.
@@ -244,4 +268,21 @@ pub enum EndpointAction {
         #[arg(long, default_value = "eth0")]
         ifname: String,
     },
+}
+
+/// Bits (or bits per second) with an optional SI suffix: `1500`, `10k`,
+/// `10M`, `1G` (powers of 1000, as Kubernetes' bandwidth annotations).
+pub fn parse_bits(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, factor) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1_000),
+        Some((i, 'M')) => (&t[..i], 1_000_000),
+        Some((i, 'G')) => (&t[..i], 1_000_000_000),
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: a number of bits with an optional k, M or G"))?;
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{text:?}: too large"))
 }

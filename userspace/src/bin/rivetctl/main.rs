@@ -14,7 +14,10 @@ mod table;
 use std::{io::Read as _, path::Path, process::ExitCode, time::Duration};
 
 use clap::Parser as _;
-use rivet_api::{Client, EndpointCheck, EndpointRef, EndpointSpec, Request, Response};
+use rivet_api::{
+    Bandwidth, Client, EndpointBandwidth, EndpointCheck, EndpointRef, EndpointSpec, Request,
+    Response,
+};
 
 use crate::cli::{Cli, Command, EndpointAction, NodeAction, Output};
 
@@ -188,6 +191,22 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
                 container_id,
                 ifname,
             } => Request::EndpointDel(EndpointRef::new(container_id, ifname)),
+            EndpointAction::Bandwidth {
+                container_id,
+                ifname,
+                ingress_rate,
+                ingress_burst,
+                egress_rate,
+                egress_burst,
+            } => Request::EndpointBandwidth(EndpointBandwidth {
+                endpoint: EndpointRef::new(container_id, ifname),
+                bandwidth: Some(Bandwidth {
+                    ingress_rate: *ingress_rate,
+                    ingress_burst: *ingress_burst,
+                    egress_rate: *egress_rate,
+                    egress_burst: *egress_burst,
+                }),
+            }),
             EndpointAction::Check {
                 container_id,
                 ifname,

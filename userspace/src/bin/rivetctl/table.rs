@@ -13,19 +13,20 @@ pub fn print_table(response: &Response, show_all: bool) {
         }
         Response::Endpoints { endpoints } => {
             println!(
-                "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} MTU",
-                "IP", "CONTAINER", "IFNAME", "HOST-IF", "IFINDEX", "MAC"
+                "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} {:<5} BANDWIDTH",
+                "IP", "CONTAINER", "IFNAME", "HOST-IF", "IFINDEX", "MAC", "MTU"
             );
             for ep in endpoints {
                 println!(
-                    "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} {}",
+                    "{:<15} {:<24} {:<6} {:<15} {:>7} {:<17} {:<5} {}",
                     ep.ip.to_string(),
                     ep.container_id,
                     ep.ifname,
                     ep.host_ifname,
                     ep.host_ifindex,
                     ep.mac,
-                    ep.mtu
+                    ep.mtu,
+                    bandwidth_text(ep.bandwidth.as_ref())
                 );
             }
         }
@@ -492,4 +493,29 @@ fn print_objects(items: &[serde_json::Value]) {
         }
     }
     print_columns(&rows);
+}
+
+/// A pod's limits as `in 10M/1M out 5M/500k` (rate/burst), `-` for none.
+fn bandwidth_text(bw: Option<&rivet_api::Bandwidth>) -> String {
+    fn si(bits: u64) -> String {
+        match bits {
+            b if b >= 1_000_000_000 && b % 1_000_000_000 == 0 => format!("{}G", b / 1_000_000_000),
+            b if b >= 1_000_000 && b % 1_000_000 == 0 => format!("{}M", b / 1_000_000),
+            b if b >= 1_000 && b % 1_000 == 0 => format!("{}k", b / 1_000),
+            b => b.to_string(),
+        }
+    }
+    let Some(bw) = bw.filter(|b| b.limits_any()) else {
+        return "-".to_owned();
+    };
+    let mut parts = Vec::new();
+    for (dir, rate, burst) in [
+        ("in", bw.ingress_rate, bw.ingress_burst),
+        ("out", bw.egress_rate, bw.egress_burst),
+    ] {
+        if let Some(rate) = rate.filter(|r| *r != 0) {
+            parts.push(format!("{dir} {}/{}", si(rate), si(burst.unwrap_or(0))));
+        }
+    }
+    parts.join(" ")
 }

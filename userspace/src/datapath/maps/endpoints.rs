@@ -86,8 +86,9 @@ impl Datapath {
     /// holds `ip` (another address in it keeps it; `ip` is then found
     /// through the hash).
     pub fn put_endpoint(&mut self, ip: Ipv4Addr, info: EndpointInfo) -> Result<(), DatapathError> {
+        let flags = self.with_policy_flags(ip, self.with_service_flag(ip, info.flags));
         let info = EndpointInfo {
-            flags: self.with_policy_flags(ip, self.with_service_flag(ip, info.flags)),
+            flags: self.with_bandwidth_flags(info.ifindex, flags)?,
             ..info
         };
         let key = EndpointKey {

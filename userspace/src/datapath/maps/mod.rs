@@ -15,6 +15,7 @@
 //! the map fd's fdinfo) and refusals for each; `status.warnings` says which map
 //! to grow (≥ 90 % full, or any refusal). Memory per map: RELIABILITY.md.
 
+pub(super) mod bandwidth;
 pub(super) mod cluster;
 pub(super) mod endpoints;
 pub(super) mod hostports;
