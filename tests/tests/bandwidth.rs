@@ -9,7 +9,10 @@
 //! more before it fails (a busy machine can only slow a flow down); a cell
 //! above 1.02×, or a first second above 1.5×, fails at once.
 
-use std::sync::Mutex;
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 use rivet_api::{Bandwidth, EndpointBandwidth, EndpointRef, Request, Response};
 use rivet_tests::{
@@ -173,8 +176,9 @@ fn set(w: &World, n: usize, pod: usize, bw: Option<Bandwidth>) -> Option<Bandwid
     }
 }
 
-/// A limit changed on a running pod holds from the next packet; removed
-/// (with `rivetctl`), the pod is free again; the endpoint list shows it.
+/// A limit changed under a running flow holds within a second; removed
+/// (with `rivetctl`), the flow is free again within a second; the endpoint
+/// list shows the limits.
 #[test]
 fn limits_change_on_a_running_pod() {
     let _serial = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,72 +191,76 @@ fn limits_change_on_a_running_pod() {
     assert!(listed.ok, "{}", listed.stderr);
     assert!(listed.stdout.contains("out 200M/20M"), "{}", listed.stdout);
 
-    let flow = |port: u16| {
-        iperf3_received(
-            &w.pods[limited].ns,
-            &w.pods[peer].ns,
-            w.pods[peer].ip,
-            port,
-            Load {
-                secs: 3,
-                streams: 1,
-                udp_bitrate: None,
-                reverse: false,
-            },
-        )
+    // A 7 s flow; 2.5 s in, the limit changes (`change`). Every whole
+    // second of it that starts 1 s or more after the change is checked.
+    let flow_with_change = |port: u16, change: &dyn Fn()| -> (Received, usize) {
+        std::thread::scope(|s| {
+            let flow = s.spawn(|| {
+                iperf3_received(
+                    &w.pods[limited].ns,
+                    &w.pods[peer].ns,
+                    w.pods[peer].ip,
+                    port,
+                    Load {
+                        secs: 7,
+                        streams: 1,
+                        udp_bitrate: None,
+                        reverse: false,
+                    },
+                )
+            });
+            let start = Instant::now();
+            std::thread::sleep(Duration::from_millis(2500));
+            change();
+            // The receiver's seconds start after the spawn: second `i`
+            // begins at least `i` s after it.
+            let from = start.elapsed().as_secs_f64().ceil() as usize + 1;
+            (flow.join().expect("iperf3 thread"), from)
+        })
     };
-    let before = flow(5901);
-    assert!(
-        before.mean_from(1) > 0.8 * 200.0 * MBIT as f64,
-        "before the change: {before:?}"
-    );
-    // Changed, then a new flow at once: every second of it, the first
-    // included, within the new limit.
-    let now = set(&w, n, limited, Some(egress_only(20 * MBIT)));
-    assert_eq!(now, Some(egress_only(20 * MBIT)));
-    let after = flow(5902);
-    eprintln!("after the change: {after:?}");
-    for (i, bps) in after.per_second.iter().enumerate() {
+
+    let (r, from) = flow_with_change(5901, &|| {
+        let now = set(&w, n, limited, Some(egress_only(20 * MBIT)));
+        assert_eq!(now, Some(egress_only(20 * MBIT)));
+    });
+    eprintln!("200 → 20 Mbit/s, checked from second {from}: {r:?}");
+    assert!(r.per_second[1] > 0.8 * 200.0 * MBIT as f64, "before: {r:?}");
+    assert!(r.per_second.len() > from + 1, "{r:?}");
+    for (i, bps) in r.per_second.iter().enumerate().skip(from) {
         assert!(
-            *bps <= 1.02 * 20.0 * MBIT as f64,
-            "second {i} after the change: {bps:.0} bit/s"
+            (0.5 * 20.0 * MBIT as f64..=1.02 * 20.0 * MBIT as f64).contains(bps),
+            "second {i}: {bps:.0} bit/s, the limit 20 Mbit/s: {r:?}"
         );
     }
 
-    let cleared = rivetctl(
-        &socket,
-        &[
-            "endpoint",
-            "bandwidth",
-            "--container-id",
-            &w.pods[limited].name,
-        ],
-        "",
+    let (r, from) = flow_with_change(5902, &|| {
+        let cleared = rivetctl(
+            &socket,
+            &[
+                "endpoint",
+                "bandwidth",
+                "--container-id",
+                &w.pods[limited].name,
+            ],
+            "",
+        );
+        assert!(cleared.ok, "{}", cleared.stderr);
+    });
+    eprintln!("20 Mbit/s → none, checked from second {from}: {r:?}");
+    assert!(
+        r.per_second[1] <= 1.02 * 20.0 * MBIT as f64,
+        "before: {r:?}"
     );
-    assert!(cleared.ok, "{}", cleared.stderr);
+    for (i, bps) in r.per_second.iter().enumerate().skip(from) {
+        assert!(
+            *bps > 10.0 * 20.0 * MBIT as f64,
+            "second {i} after the limit was removed: {bps:.0} bit/s: {r:?}"
+        );
+    }
     let listed = rivetctl(&socket, &["endpoints"], "");
     assert!(!listed.stdout.contains("out 20M"), "{}", listed.stdout);
-    let r = iperf3_received(
-        &w.pods[limited].ns,
-        &w.pods[peer].ns,
-        w.pods[peer].ip,
-        5903,
-        Load {
-            secs: 3,
-            streams: 1,
-            udp_bitrate: None,
-            reverse: false,
-        },
-    );
-    assert!(
-        r.mean_from(1) > 10.0 * 20.0 * MBIT as f64,
-        "limits removed, yet {:.0} bit/s",
-        r.mean_from(1)
-    );
 }
 
-/// Through the CNI plugin: `runtimeConfig.bandwidth` is enforced; a rate
-/// without a burst is refused with code 7 and leaves nothing behind.
 #[test]
 fn cni_runtime_config_bandwidth() {
     let _serial = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
