@@ -894,7 +894,7 @@ fn notes(report: &mut Report, sizes: &Sizes) {
         pings,
     } = *sizes;
     report.notes.extend([
-        format!("cells: rate {rates_mbit:?} Mbit/s × TCP streams {streams:?} × direction (egress: the limited pod sends to a peer pod of the same node without limits; ingress: the peer sends to it); {rounds} measured rounds after a warm-up round, interleaved and rotated per cell"),
+        format!("cells: rate {rates_mbit:?} Mbit/s × TCP streams {streams:?} × direction (egress: the limited pod sends to a peer pod of the same node without limits; ingress: the peer sends to it); measured rounds: {rounds}, after a warm-up round; the variants interleaved cell by cell, their order rotated per round"),
         format!("limits: runtimeConfig.bandwidth with ingressRate = egressRate = the rate (bit/s) and ingressBurst = egressBurst = rate / {BURST_SHARE} bits (100 ms of the rate), the same for both variants; one limited pod per rate per variant"),
         "rivet: rivetd + rivet-cni (release build), the pods attached by the plugin binary with capabilities {bandwidth: true} and runtimeConfig.bandwidth".into(),
         format!("reference: containernetworking-plugins from /usr/lib/cni, ptp (host-local {REF_SUBNET}, ipMasq false) then bandwidth with prevResult and the same runtimeConfig.bandwidth (TBF on the host veth for ingress; ifb + TBF for egress, latency 25 ms as the plugin sets it), DEL in reverse order; the peer pod: ptp alone"),
