@@ -339,9 +339,9 @@ fn pod_mtu(ns: &Netns) -> u32 {
 /// takes a moment to start; a probe connection would count as its test).
 fn wait_listening(ns: &Netns, port: u16) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let filter = format!("sport = :{port}");
+    let port_s = format!(":{port}");
     loop {
-        let out = ns.output("ss", &["-Hltn", &filter]);
+        let out = ns.output("ss", &["-Hltn", "sport", "=", &port_s]);
         if out.status.success() && !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
             return;
         }
@@ -899,7 +899,7 @@ fn notes(report: &mut Report, sizes: &Sizes) {
         "rivet: rivetd + rivet-cni (release build), the pods attached by the plugin binary with capabilities {bandwidth: true} and runtimeConfig.bandwidth".into(),
         format!("reference: containernetworking-plugins from /usr/lib/cni, ptp (host-local {REF_SUBNET}, ipMasq false) then bandwidth with prevResult and the same runtimeConfig.bandwidth (TBF on the host veth for ingress; ifb + TBF for egress, latency 25 ms as the plugin sets it), DEL in reverse order; the peer pod: ptp alone"),
         format!("accuracy: goodput at the receiver over seconds 1..{secs} ÷ rate (iperf3 -t {secs}, client = sender on CPU 0, server = receiver on CPU 1 with -J, its intervals fetched by the client with --get-server-output; a tail interval starting at {secs} s is left out); first_second_accuracy: the receiver's first interval ÷ rate; load_accuracy: the same for the loading flow of the latency samples (whole test)"),
-        "cpu_s_per_gb: CPU-seconds per GB the receiver got during each throughput sample, as same-node measures it: the iperf3 client's and server's own run time (getrusage) + the ksoftirqd threads' run time (/proc/<pid>/schedstat). Shaping work done in a timer's softirq while a CPU idles (a TBF's watchdog dequeueing) is not in it, so a limiter that sleeps between packets is undercounted; the figure is what the flows' own tasks and ksoftirqd spent".into(),
+        "cpu_s_per_gb: CPU-seconds per GB the receiver got during each throughput sample, as same-node measures it: the iperf3 client's and server's own run time (getrusage) + the ksoftirqd threads' run time (/proc/<pid>/schedstat). Shaping work done in a timer's softirq while a CPU idles (a TBF's watchdog dequeueing) is not in it, so a limiter that sleeps between packets is undercounted; the figure is what the flows' own tasks and ksoftirqd spent. At 10 Mbit/s a sample carries about 12 MB per 10 s, so 0.01 CPU-s of other work (ksoftirqd serves the whole machine) adds about 0.8 CPU-s/GB: the low rates' figures are the noisiest".into(),
         format!("ping: ping -n -i {PING_INTERVAL} -c {pings} -W 2 from the sender to the receiver, idle, then from {:.1} s after one iperf3 TCP stream started in the same direction (-t long enough to outlast the pings); ping_added_p50_ms / ping_added_p99_ms = the loaded p50 / p99 minus the idle p50 of the same round and variant; ping_loaded_loss_pct: echo requests without an answer under load; a loaded sample with fewer than {MIN_REPLIES} answers is not recorded (listed below)", SETTLE.as_secs_f64()),
     ]);
 }
