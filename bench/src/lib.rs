@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use rivet_tests::{Netns, World};
 
+pub mod bandwidth;
 pub mod cni;
 pub mod conn;
 pub mod control;
@@ -134,6 +135,34 @@ pub struct Report {
     /// sysctl → its value in every namespace the benchmark built, read
     /// back from them (see [`bridge_nf_off`]).
     pub kernel_settings: BTreeMap<String, String>,
+    /// Charts of medians per cell (conditions such as rate × streams ×
+    /// direction), drawn beside the per-metric ones ([`plot`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cell_charts: Vec<CellChart>,
+}
+
+/// A chart of one benchmark measured in several cells (e.g. rate × TCP
+/// streams × direction): one panel per quantity, the cells along x, each
+/// variant a series (its samples as dots, its median as a bar).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CellChart {
+    /// File name part: `<benchmark>-<file>.svg`.
+    pub file: String,
+    /// Title, after the benchmark's name.
+    pub title: String,
+    /// The panels, top to bottom.
+    pub panels: Vec<CellPanel>,
+}
+
+/// One panel of a [`CellChart`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CellPanel {
+    /// The y axis' description.
+    pub y_desc: String,
+    /// Each cell's label and the metric read for it.
+    pub cells: Vec<(String, String)>,
+    /// A range to shade (e.g. the accepted one).
+    pub band: Option<(f64, f64)>,
 }
 
 impl Report {
@@ -169,7 +198,11 @@ impl Report {
                 let (min, max) = series.spread();
                 // A metric measured without the baseline variant (e.g. the
                 // live rows of prog-cost) has no ratio: "–", not NaN.
-                let cell = |r: Option<f64>| r.map_or_else(|| "–".to_owned(), |r| format!("{r:.3}"));
+                // Nor has one whose baseline is 0 (e.g. no loss at all).
+                let cell = |r: Option<f64>| {
+                    r.filter(|r| r.is_finite())
+                        .map_or_else(|| "–".to_owned(), |r| format!("{r:.3}"))
+                };
                 let ratio = cell(base.map(|b| series.median() / b));
                 let paired = cell(
                     by_variant

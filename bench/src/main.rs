@@ -11,16 +11,18 @@ use rivet_bench::{self as bench, Machine, Options};
     about = "rivet benchmarks (interleaved variants, medians, ratios to a same-run baseline)"
 )]
 struct Args {
-    /// Which benchmarks (default: all but `services` and `policy`, which
-    /// run when named).
+    /// Which benchmarks (default: all but `services`, `policy` and
+    /// `bandwidth`, which run when named).
     #[arg(value_enum)]
     which: Vec<Which>,
-    /// Measured rounds (each variant once per round, interleaved).
-    #[arg(long, default_value_t = 7)]
-    pairs: u32,
-    /// iperf3 seconds per sample.
-    #[arg(long, default_value_t = 5)]
-    secs: u32,
+    /// Measured rounds (each variant once per round, interleaved; default
+    /// 7, bandwidth 3).
+    #[arg(long)]
+    pairs: Option<u32>,
+    /// iperf3 seconds per sample (default 5; bandwidth 11, so that 10 s
+    /// follow the first second, which it reports apart).
+    #[arg(long)]
+    secs: Option<u32>,
     /// Pods per CNI measurement.
     #[arg(long, default_value_t = 100)]
     pods: usize,
@@ -76,6 +78,11 @@ enum Which {
     /// kube-router's layout; connect latency, throughput, programming
     /// time, one rule's change-to-effect time.
     Policy,
+    /// Pod bandwidth limits (CNI `bandwidth` capability): rivet vs the
+    /// reference ptp + bandwidth chain; accuracy at the receiver, added
+    /// ping latency under load, CPU per GB, at 10/100/1000 Mbit/s × 1 and
+    /// 4 streams × egress and ingress.
+    Bandwidth,
 }
 
 fn main() {
@@ -92,8 +99,8 @@ fn main() {
         }
     } else {
         Options {
-            rounds: args.pairs,
-            secs: args.secs,
+            rounds: args.pairs.unwrap_or(7),
+            secs: args.secs.unwrap_or(5),
             pods: args.pods,
             quick: false,
         }
@@ -109,7 +116,8 @@ fn main() {
             Which::Control,
             // Not `services`: kube-proxy's tables alone take minutes to
             // load at 10,000 Services and more; it runs when named. Nor
-            // `policy` (about 15 minutes at up to 10,000 rules).
+            // `policy` (about 15 minutes at up to 10,000 rules), nor
+            // `bandwidth` (about 20 minutes).
         ]
     } else {
         args.which
@@ -166,6 +174,16 @@ fn main() {
                     &[10, 100, 1000, 10_000]
                 },
             ),
+            // A smoke run: 1 round of 3 s samples at 10 and 100 Mbit/s;
+            // --pairs and --secs are honoured when given.
+            Which::Bandwidth => {
+                let sizes = if args.quick {
+                    bench::bandwidth::Sizes::quick(args.pairs.unwrap_or(1), args.secs.unwrap_or(3))
+                } else {
+                    bench::bandwidth::Sizes::full(args.pairs.unwrap_or(3), args.secs.unwrap_or(11))
+                };
+                bench::bandwidth::run(&opts, &sizes)
+            }
             Which::Nat => bench::nat::run(
                 &opts,
                 // Every size up to 10k in a smoke run too, with short

@@ -1,7 +1,9 @@
 //! SVG plots of a report (plotters, SVG backend): one chart per metric with
 //! every sample of every variant as a dot, the median as a bar and the
 //! min–max range as a line; and for metrics measured at several sizes
-//! (names ending in `_n<N>`), the medians against N on a log axis.
+//! (names ending in `_n<N>`), the medians against N on a log axis; and the
+//! report's cell charts ([`CellChart`]): per panel, every variant's samples
+//! and median in each cell.
 
 use std::{
     collections::BTreeMap,
@@ -10,7 +12,7 @@ use std::{
 
 use plotters::prelude::*;
 
-use crate::{Report, Series};
+use crate::{CellChart, CellPanel, Report, Series};
 
 const PALETTE: [RGBColor; 6] = [
     RGBColor(0xd6, 0x27, 0x28),
@@ -85,7 +87,206 @@ pub fn write_svgs(dir: &Path, report: &Report) -> std::io::Result<Vec<PathBuf>> 
         family_chart(&path, report, base, &points)?;
         written.push(path);
     }
+    for chart in &report.cell_charts {
+        let path = dir.join(format!("{name}-{}.svg", slug(&chart.file)));
+        cell_chart(&path, report, chart)?;
+        written.push(path);
+    }
     Ok(written)
+}
+
+/// A [`CellChart`]: the panels stacked, each with its cells along x.
+fn cell_chart(path: &Path, report: &Report, chart: &CellChart) -> std::io::Result<()> {
+    let panels = chart.panels.len().max(1);
+    let height = 330 * u32::try_from(panels).unwrap_or(1) + 40;
+    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled(
+            &format!("{} — {}", report.name, chart.title),
+            ("sans-serif", 18),
+        )
+        .map_err(err)?;
+    for (panel, area) in chart.panels.iter().zip(root.split_evenly((panels, 1))) {
+        cell_panel(&area, report, panel)?;
+    }
+    root.present().map_err(err)
+}
+
+/// A panel's y axis: linear from 0 (or below, for negative values), or
+/// in decades when every value is positive and they span more than 30×
+/// (e.g. a limit that is not enforced next to one that is).
+#[derive(Clone, Copy)]
+struct YAxis {
+    log: bool,
+    lo: f64,
+    hi: f64,
+}
+
+impl YAxis {
+    fn new(values: &[f64]) -> Self {
+        let (min, max) = values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+                (a.min(*v), b.max(*v))
+            });
+        if values.is_empty() {
+            return Self {
+                log: false,
+                lo: 0.0,
+                hi: 1.0,
+            };
+        }
+        if min > 0.0 && max / min > 30.0 {
+            return Self {
+                log: true,
+                lo: min.log10().floor(),
+                hi: max.log10().ceil().max(min.log10().floor() + 1.0),
+            };
+        }
+        let hi = if max > 0.0 { max * 1.15 } else { 1.0 };
+        let lo = if min < 0.0 { min * 1.15 } else { 0.0 };
+        Self { log: false, lo, hi }
+    }
+
+    /// Where `v` is drawn (`None`: not drawable on a log axis).
+    fn at(&self, v: f64) -> Option<f64> {
+        match (self.log, v.is_finite()) {
+            (_, false) => None,
+            (true, _) if v <= 0.0 => None,
+            (true, _) => Some(v.log10()),
+            (false, _) => Some(v),
+        }
+    }
+}
+
+fn cell_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    report: &Report,
+    panel: &CellPanel,
+) -> std::io::Result<()> {
+    let samples = |metric: &str, v: &str| {
+        report
+            .metrics
+            .get(metric)
+            .and_then(|m| m.get(v))
+            .map_or(&[][..], |s| s.samples.as_slice())
+    };
+    let mut values: Vec<f64> = panel
+        .cells
+        .iter()
+        .flat_map(|(_, m)| report.variants.iter().flat_map(move |v| samples(m, v)))
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if let Some((lo, hi)) = panel.band {
+        values.extend([lo, hi]);
+    }
+    let y = YAxis::new(&values);
+    let n = panel.cells.len().max(1);
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), y.lo..y.hi)
+        .map_err(err)?;
+    let labels: Vec<String> = panel.cells.iter().map(|(l, _)| l.clone()).collect();
+    let log = y.log;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 1)
+        .x_label_style(("sans-serif", 11))
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| {
+            if log {
+                // Decades only.
+                let d = v.round();
+                if (v - d).abs() < 1e-6 {
+                    format!("{}", 10f64.powi(d as i32))
+                } else {
+                    String::new()
+                }
+            } else {
+                format!("{v:.3}")
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_owned()
+            }
+        })
+        .y_desc(if log {
+            format!("{} (log)", panel.y_desc)
+        } else {
+            panel.y_desc.clone()
+        })
+        .draw()
+        .map_err(err)?;
+    if let Some((lo, hi)) = panel.band
+        && let (Some(lo), Some(hi)) = (y.at(lo), y.at(hi))
+    {
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(-0.5, lo), (n as f64 - 0.5, hi)],
+                GREEN.mix(0.15).filled(),
+            )))
+            .map_err(err)?;
+    }
+    let nv = report.variants.len().max(1);
+    let width = 0.7 / nv as f64;
+    let base = if y.log { y.lo } else { 0f64.max(y.lo) };
+    for (vi, v) in report.variants.iter().enumerate() {
+        let color = PALETTE[vi % PALETTE.len()];
+        let offset = (vi as f64 - (nv as f64 - 1.0) / 2.0) * width;
+        let bars: Vec<_> = panel
+            .cells
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, m))| {
+                let median = Series {
+                    samples: samples(m, v).to_vec(),
+                }
+                .median();
+                let x = i as f64 + offset;
+                y.at(median).map(|top| {
+                    Rectangle::new(
+                        [(x - width * 0.4, base), (x + width * 0.4, top)],
+                        color.mix(0.35).filled(),
+                    )
+                })
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(err)?
+            .label(v.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        let dots: Vec<_> = panel
+            .cells
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, m))| {
+                samples(m, v)
+                    .iter()
+                    .filter_map(move |s| y.at(*s).map(|s| (i as f64 + offset, s)))
+            })
+            .map(|p| Circle::new(p, 3, color.filled()))
+            .collect();
+        chart.draw_series(dots).map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(err)
 }
 
 fn better(report: &Report, metric: &str) -> String {
@@ -261,5 +462,49 @@ mod tests {
             "legend"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn writes_a_cell_chart() {
+        let mut r = Report {
+            name: "bandwidth".into(),
+            variants: vec!["rivet".into(), "reference".into()],
+            baseline: "reference".into(),
+            ..Default::default()
+        };
+        for (cell, rivet, reference) in [("a", 1.0, 0.95), ("b", 400.0, 0.97)] {
+            r.add(&format!("accuracy ({cell})"), "rivet", rivet);
+            r.add(&format!("accuracy ({cell})"), "reference", reference);
+            r.add(&format!("added_ms ({cell})"), "rivet", -0.2);
+            r.add(&format!("added_ms ({cell})"), "reference", 80.0);
+        }
+        let panel = |y: &str, metric: &str, band| CellPanel {
+            y_desc: y.into(),
+            cells: ["a", "b"]
+                .iter()
+                .map(|c| ((*c).to_owned(), format!("{metric} ({c})")))
+                .collect(),
+            band,
+        };
+        r.cell_charts.push(CellChart {
+            file: "cells".into(),
+            title: "per cell".into(),
+            panels: vec![
+                panel("accuracy", "accuracy", Some((0.9, 1.02))),
+                panel("ms", "added_ms", None),
+            ],
+        });
+        let dir = std::env::temp_dir().join(format!("rivet-plot-cells-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let files = write_svgs(&dir, &r).expect("svgs");
+        let chart = std::fs::read_to_string(dir.join("bandwidth-cells.svg")).expect("cell chart");
+        assert!(files.len() == 5, "{files:?}");
+        assert!(
+            chart.contains("reference") && chart.contains("(log)"),
+            "legend, log axis"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(YAxis::new(&[-1.0, 2.0]).lo < 0.0);
+        assert!(!YAxis::new(&[1.0, 2.0]).log);
     }
 }
