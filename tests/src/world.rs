@@ -67,7 +67,7 @@ impl Node {
     /// The datapath counters (from the agent), looked up by [`Counter`].
     pub fn counters(&self) -> Counters {
         match self.agent().client().call(&Request::Stats {}) {
-            Ok(Response::Stats { counters }) => Counters::from_stats(&self.name, counters),
+            Ok(Response::Stats { counters, .. }) => Counters::from_stats(&self.name, counters),
             other => panic!("stats from {}: {other:?}", self.name),
         }
     }

@@ -702,6 +702,30 @@ pub struct PortMapping {
     pub host_ip: Option<Ipv4Addr>,
 }
 
+/// What shaping one direction of a pod did: its `tbf` qdisc's counters
+/// (and, egress, the datapath's check behind it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BandwidthFigures {
+    /// The pod (`namespace/name`, or its container ID without them).
+    pub pod: String,
+    /// Its host-side veth.
+    pub host_ifname: String,
+    /// `ingress` (into the pod) or `egress`.
+    pub direction: String,
+    /// The limit, bit/s.
+    pub rate: u64,
+    /// Bytes the qdisc sent on.
+    pub sent_bytes: u64,
+    /// Packets dropped: the qdisc's queue was full (egress: plus what the
+    /// datapath dropped as sent around the qdisc, `drop_bandwidth`).
+    pub dropped: u64,
+    /// Packets that waited for the rate.
+    pub delayed: u64,
+    /// Bytes queued now.
+    pub backlog_bytes: u64,
+}
+
 /// New bandwidth limits for a running attachment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1138,6 +1162,9 @@ pub enum Response {
     Stats {
         /// Every counter, in index order.
         counters: Vec<CounterValue>,
+        /// Each limited direction of each pod: its shaping figures.
+        #[serde(default)]
+        bandwidth: Vec<BandwidthFigures>,
     },
     /// Agent status.
     Status(AgentStatus),

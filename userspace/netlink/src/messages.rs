@@ -225,6 +225,59 @@ pub fn tbf(index: u32, t: &Tbf) -> TcMessage {
     msg
 }
 
+/// What a root qdisc counted (`tc -s qdisc show`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QdiscStats {
+    /// The link.
+    pub index: u32,
+    /// Bytes sent.
+    pub bytes: u64,
+    /// Packets sent.
+    pub packets: u64,
+    /// Packets dropped (queue full).
+    pub drops: u64,
+    /// Times a packet had to wait for the rate (delays).
+    pub overlimits: u64,
+    /// Bytes queued now.
+    pub backlog: u64,
+}
+
+/// The counters of `msg` when it is a root qdisc of `kind`.
+pub fn root_qdisc_stats(msg: &TcMessage, kind: &str) -> Option<QdiscStats> {
+    use netlink_packet_route::tc::TcStats2;
+    if msg.header.parent != TcHandle::ROOT
+        || !msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, TcAttribute::Kind(k) if k == kind))
+    {
+        return None;
+    }
+    let mut out = QdiscStats {
+        index: u32::try_from(msg.header.index).ok()?,
+        ..QdiscStats::default()
+    };
+    for a in &msg.attributes {
+        if let TcAttribute::Stats2(stats) = a {
+            for st in stats {
+                match st {
+                    TcStats2::Basic(b) => {
+                        out.bytes = b.bytes;
+                        out.packets = u64::from(b.packets);
+                    }
+                    TcStats2::Queue(q) => {
+                        out.drops = u64::from(q.drops);
+                        out.overlimits = u64::from(q.overlimits);
+                        out.backlog = u64::from(q.backlog);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
 /// `tc qdisc del dev <index> root`.
 pub fn root_qdisc(index: u32) -> TcMessage {
     let mut msg = TcMessage::with_index(index as i32);

@@ -3,15 +3,17 @@
 //! network namespace of the thread that opened it.
 
 use netlink_packet_core::{
-    ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE,
+    NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::{RouteNetlinkMessage, tc::TcMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use crate::{
     Error,
-    messages::{LinkInfo, Tbf, link_info, link_named, root_qdisc, tbf},
+    messages::{
+        LinkInfo, QdiscStats, Tbf, link_info, link_named, root_qdisc, root_qdisc_stats, tbf,
+    },
 };
 
 /// Flags of a request creating an object that must not exist yet.
@@ -222,6 +224,38 @@ impl RouteSocket {
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
             RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t)),
         )
+    }
+
+    /// The counters of every root qdisc of `kind` in the namespace.
+    pub fn root_qdiscs(&mut self, kind: &str) -> Result<Vec<QdiscStats>, Error> {
+        let (seq, frame) = self.frame(
+            NLM_F_REQUEST | NLM_F_DUMP,
+            RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()),
+        );
+        self.send(&frame)?;
+        let mut out = Vec::new();
+        let mut failed = None;
+        self.receive(|msg| {
+            if msg.header.sequence_number != seq {
+                return false;
+            }
+            match msg.payload {
+                NetlinkPayload::Done(_) => true,
+                NetlinkPayload::Error(e) => {
+                    failed = Some(e);
+                    true
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(q)) => {
+                    out.extend(root_qdisc_stats(&q, kind));
+                    false
+                }
+                _ => false,
+            }
+        })?;
+        match failed {
+            Some(e) if e.code.is_some() => Err(Error::Kernel(e)),
+            _ => Ok(out),
+        }
     }
 
     /// Removes the root qdisc of link `index` (back to the default): false

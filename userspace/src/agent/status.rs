@@ -270,6 +270,24 @@ impl Agent {
         ))
     }
 
+    /// The shaping figures of every limited pod (the node state is held
+    /// only to list them; the qdiscs are read after).
+    pub async fn bandwidth_figures(&self) -> Vec<rivet_api::BandwidthFigures> {
+        let limited = {
+            let state = self.lock().await;
+            state.endpoints.limited(&state.dp)
+        };
+        if limited.is_empty() {
+            return Vec::new();
+        }
+        tokio::task::spawn_blocking(move || crate::endpoint::bandwidth::figures(&limited))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "gathering the shaping figures");
+                Vec::new()
+            })
+    }
+
     pub fn counters(&self) -> Result<Vec<CounterValue>, ApiError> {
         let pin = PinLayout::new(&self.cfg.pin_dir).map(map_names::STATS);
         let err = |e: aya::maps::MapError| {

@@ -35,7 +35,7 @@
 
 use std::path::Path;
 
-use rivet_api::{Bandwidth, Endpoint, EndpointState};
+use rivet_api::{Bandwidth, BandwidthFigures, Endpoint, EndpointState};
 use rivet_common::{Bucket, PodBandwidth, bandwidth_dir};
 use rivet_netlink::{RouteSocket, messages::Tbf};
 
@@ -180,7 +180,88 @@ pub(super) fn shape(
     })?
 }
 
+/// The shaping figures of the limited pods `limited` (each with its
+/// datapath entry): the host veths' qdiscs from one dump of the node's,
+/// each pod's own from a dump in its namespace. Blocking (netlink, a thread
+/// per pod namespace); a pod whose figures cannot be read is left out
+/// (logged).
+pub fn figures(limited: &[(Endpoint, Option<PodBandwidth>)]) -> Vec<BandwidthFigures> {
+    if limited.is_empty() {
+        return Vec::new();
+    }
+    let host: Vec<rivet_netlink::messages::QdiscStats> = RouteSocket::open()
+        .map_err(|e| e.to_string())
+        .and_then(|mut nl| nl.root_qdiscs("tbf").map_err(|e| e.to_string()))
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the host veths' qdiscs");
+            Vec::new()
+        });
+    let mut out = Vec::new();
+    for (ep, held) in limited {
+        let Some(bw) = ep.bandwidth.as_ref().filter(|b| b.limits_any()) else {
+            continue;
+        };
+        let pod = ep.pod.as_ref().map_or_else(
+            || ep.container_id.clone(),
+            |p| format!("{}/{}", p.namespace, p.name),
+        );
+        let figure =
+            |direction: &str, rate: u64, q: rivet_netlink::messages::QdiscStats| BandwidthFigures {
+                pod: pod.clone(),
+                host_ifname: ep.host_ifname.clone(),
+                direction: direction.to_owned(),
+                rate,
+                sent_bytes: q.bytes,
+                dropped: q.drops,
+                delayed: q.overlimits,
+                backlog_bytes: q.backlog,
+            };
+        if let Some(rate) = bw.ingress_rate.filter(|r| *r != 0) {
+            match host.iter().find(|q| q.index == ep.host_ifindex) {
+                Some(q) => out.push(figure("ingress", rate, *q)),
+                None => tracing::warn!(host = %ep.host_ifname, "no shaper on the host veth"),
+            }
+        }
+        if let Some(rate) = bw.egress_rate.filter(|r| *r != 0) {
+            let ifname = ep.ifname.clone();
+            let inside = netns::run_in(Path::new(&ep.netns), move || {
+                let mut nl = RouteSocket::open().map_err(|e| e.to_string())?;
+                let index = nl
+                    .link_by_name(&ifname)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("{ifname} is gone"))?
+                    .index;
+                let all = nl.root_qdiscs("tbf").map_err(|e| e.to_string())?;
+                all.into_iter()
+                    .find(|q| q.index == index)
+                    .ok_or_else(|| format!("no shaper on {ifname}"))
+            });
+            match inside {
+                Ok(Ok(q)) => {
+                    let mut f = figure("egress", rate, q);
+                    f.dropped +=
+                        held.map_or(0, |h| h.buckets[bandwidth_dir::EGRESS].dropped_packets);
+                    out.push(f);
+                }
+                Ok(Err(e)) => tracing::warn!(pod = %pod, error = %e, "egress shaping figures"),
+                Err(e) => tracing::warn!(pod = %pod, error = %e, "egress shaping figures"),
+            }
+        }
+    }
+    out
+}
+
 impl Endpoints {
+    /// The limited attachments, each with its datapath entry (for
+    /// [`figures`]).
+    pub fn limited(&self, dp: &Datapath) -> Vec<(Endpoint, Option<PodBandwidth>)> {
+        self.by_ref
+            .values()
+            .filter(|e| e.state == EndpointState::Ready && limits_any(e.bandwidth.as_ref()))
+            .map(|e| (e.clone(), dp.pod_bandwidth(e.host_ifindex).ok().flatten()))
+            .collect()
+    }
+
     /// Makes the node hold `ep`'s limits: its `BANDWIDTH` entry (the
     /// endpoint flags follow) and, with `qdiscs`, the shaping qdiscs
     /// (at ADD, a change, start-up; the periodic reconciliation checks the

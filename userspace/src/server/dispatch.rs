@@ -34,6 +34,7 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         Request::Stats {} => {
             return Ok(Response::Stats {
                 counters: agent.counters()?,
+                bandwidth: agent.bandwidth_figures().await,
             });
         }
         Request::NatList { ip, port, limit } => {

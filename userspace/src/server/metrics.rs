@@ -10,7 +10,10 @@
 //!   Service maps' fill `rivet_service_{frontends,backends}[_capacity]`, and
 //!   the new flows NetworkPolicy allowed `rivet_policy_allowed_flows_total
 //!   {direction}` (its denied packets are `rivet_drop_packets_total{reason=
-//!   "policy_ingress"|"policy_egress"}`) — see [`encode`].
+//!   "policy_ingress"|"policy_egress"}`), and per limited pod and direction
+//!   (labels `pod`, `direction`) `rivet_bandwidth_{limit_bits,queued_bytes}`
+//!   and `rivet_bandwidth_{sent_bytes,dropped_packets,delayed_packets}_total`
+//!   — see [`encode`].
 //! - `GET /healthz`: 200 while the agent serves.
 //! - `GET /readyz`: 200 when the datapath is attached and, in cluster mode, the
 //!   store is synced; 503 with the reason otherwise.
@@ -61,7 +64,55 @@ pub struct Snapshot {
     pub services: Option<rivet_api::ServiceList>,
     /// New flows NetworkPolicy allowed (ingress, egress); `None`: not read.
     pub policy_allowed: Option<(u64, u64)>,
+    /// Each limited direction of each pod.
+    pub bandwidth: Vec<rivet_api::BandwidthFigures>,
 }
+
+/// Per-pod shaping figures: (metric, help, type, value).
+type BandwidthMetric = (
+    &'static str,
+    &'static str,
+    prometheus_client::metrics::MetricType,
+    fn(&rivet_api::BandwidthFigures) -> u64,
+);
+
+/// Figures of each limited direction of each pod, labelled `pod`,
+/// `direction`.
+const BANDWIDTH: [BandwidthMetric; 5] = {
+    use prometheus_client::metrics::MetricType::{Counter, Gauge};
+    [
+        (
+            "rivet_bandwidth_limit_bits",
+            "The pod's bandwidth limit in this direction, bit/s",
+            Gauge,
+            |b| b.rate,
+        ),
+        (
+            "rivet_bandwidth_sent_bytes",
+            "Bytes the pod's shaper sent on in this direction",
+            Counter,
+            |b| b.sent_bytes,
+        ),
+        (
+            "rivet_bandwidth_dropped_packets",
+            "Packets dropped over the pod's limit (shaper queue full; egress also drop_bandwidth)",
+            Counter,
+            |b| b.dropped,
+        ),
+        (
+            "rivet_bandwidth_delayed_packets",
+            "Packets that waited for the pod's rate",
+            Counter,
+            |b| b.delayed,
+        ),
+        (
+            "rivet_bandwidth_queued_bytes",
+            "Bytes waiting in the pod's shaper now",
+            Gauge,
+            |b| b.backlog_bytes,
+        ),
+    ]
+};
 
 /// The per-Service-port counters: (metric, help, value).
 type ServiceCounterMetric = (
@@ -261,6 +312,20 @@ impl Collector for Snapshot {
                 }
             }
         }
+        if !self.bandwidth.is_empty() {
+            for (name, help, kind, pick) in BANDWIDTH {
+                let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+                for b in &self.bandwidth {
+                    let labels = [("pod", b.pod.as_str()), ("direction", b.direction.as_str())];
+                    if matches!(kind, prometheus_client::metrics::MetricType::Counter) {
+                        ConstCounter::new(pick(b)).encode(metric.encode_family(&labels)?)?;
+                    } else {
+                        ConstGauge::new(i64::try_from(pick(b)).unwrap_or(i64::MAX))
+                            .encode(metric.encode_family(&labels)?)?;
+                    }
+                }
+            }
+        }
         if let Some((ingress, egress)) = self.policy_allowed {
             let mut metric = encoder.encode_descriptor(
                 "rivet_policy_allowed_flows",
@@ -388,12 +453,14 @@ pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
         .policy_allowed()
         .inspect_err(|e| tracing::warn!(error = %e, "policy metrics left out of a scrape"))
         .ok();
+    let bandwidth = agent.bandwidth_figures().await;
     Ok(Snapshot {
         ready: status.ready,
         counters,
         status,
         services,
         policy_allowed,
+        bandwidth,
     })
 }
 

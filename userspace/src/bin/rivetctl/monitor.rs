@@ -100,7 +100,7 @@ pub fn watch_stats(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let read = || -> Result<Vec<rivet_api::CounterValue>, Box<dyn std::error::Error>> {
         match client.call(&Request::Stats {})? {
-            Response::Stats { counters } => Ok(counters),
+            Response::Stats { counters, .. } => Ok(counters),
             other => Err(format!("unexpected answer: {other:?}").into()),
         }
     };

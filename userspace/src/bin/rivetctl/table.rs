@@ -63,10 +63,32 @@ pub fn print_table(response: &Response, show_all: bool) {
                 }
             );
         }
-        Response::Stats { counters } => {
+        Response::Stats {
+            counters,
+            bandwidth,
+        } => {
             println!("{:<24} {:>14} {:>16}", "COUNTER", "PACKETS", "BYTES");
             for c in counters.iter().filter(|c| show_all || c.packets > 0) {
                 println!("{:<24} {:>14} {:>16}", c.name, c.packets, c.bytes);
+            }
+            if !bandwidth.is_empty() {
+                println!();
+                println!(
+                    "{:<32} {:<8} {:>8} {:>16} {:>10} {:>10} {:>10}",
+                    "BANDWIDTH POD", "DIR", "LIMIT", "SENT-BYTES", "DROPPED", "DELAYED", "QUEUED"
+                );
+                for b in bandwidth {
+                    println!(
+                        "{:<32} {:<8} {:>8} {:>16} {:>10} {:>10} {:>10}",
+                        b.pod,
+                        b.direction,
+                        si_bits(b.rate),
+                        b.sent_bytes,
+                        b.dropped,
+                        b.delayed,
+                        b.backlog_bytes
+                    );
+                }
             }
         }
         Response::Status(s) => {
@@ -495,16 +517,19 @@ fn print_objects(items: &[serde_json::Value]) {
     print_columns(&rows);
 }
 
+/// Bits with an SI suffix when it is exact (`10M`, `1500`).
+fn si_bits(bits: u64) -> String {
+    match bits {
+        b if b >= 1_000_000_000 && b % 1_000_000_000 == 0 => format!("{}G", b / 1_000_000_000),
+        b if b >= 1_000_000 && b % 1_000_000 == 0 => format!("{}M", b / 1_000_000),
+        b if b >= 1_000 && b % 1_000 == 0 => format!("{}k", b / 1_000),
+        b => b.to_string(),
+    }
+}
+
 /// A pod's limits as `in 10M/1M out 5M/500k` (rate/burst), `-` for none.
 fn bandwidth_text(bw: Option<&rivet_api::Bandwidth>) -> String {
-    fn si(bits: u64) -> String {
-        match bits {
-            b if b >= 1_000_000_000 && b % 1_000_000_000 == 0 => format!("{}G", b / 1_000_000_000),
-            b if b >= 1_000_000 && b % 1_000_000 == 0 => format!("{}M", b / 1_000_000),
-            b if b >= 1_000 && b % 1_000 == 0 => format!("{}k", b / 1_000),
-            b => b.to_string(),
-        }
-    }
+    let si = si_bits;
     let Some(bw) = bw.filter(|b| b.limits_any()) else {
         return "-".to_owned();
     };
