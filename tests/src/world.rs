@@ -295,8 +295,28 @@ impl Node {
         v
     }
 
+    /// Host veth ifindexes holding bandwidth limits in the pinned
+    /// `BANDWIDTH` map (none when the map is not pinned).
+    pub fn bandwidth_entries(&self) -> Vec<u32> {
+        use aya::maps::{HashMap, Map, MapData};
+        let path = rivet::pins::PinLayout::new(self.pin_dir()).map("BANDWIDTH");
+        let data = match MapData::from_pin(&path) {
+            Ok(data) => data,
+            Err(e) => match std::fs::symlink_metadata(&path) {
+                Err(gone) if gone.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+                _ => panic!("opening {}: {e}", path.display()),
+            },
+        };
+        let map = HashMap::<MapData, u32, rivet_common::PodBandwidth>::try_from(Map::HashMap(data))
+            .unwrap_or_else(|e| panic!("{} as the bandwidth map: {e}", path.display()));
+        map.keys()
+            .map(|k| k.unwrap_or_else(|e| panic!("reading {}: {e}", path.display())))
+            .collect()
+    }
+
     /// Asserts the node holds no pod state at all: no pod veth, no pod link
-    /// pin, no record, no map entry, no /32 route to a pod.
+    /// pin, no record, no map entry (endpoints, bandwidth limits), no /32
+    /// route to a pod.
     pub fn assert_no_pod_state(&self, what: &str) {
         // DEL answers before the kernel has finished unregistering the veth
         // (the agent deletes it in the background): allow it a moment.
@@ -315,6 +335,11 @@ impl Node {
             self.map_entries(),
             Vec::<Ipv4Addr>::new(),
             "{what}: map entries left"
+        );
+        assert_eq!(
+            self.bandwidth_entries(),
+            Vec::<u32>::new(),
+            "{what}: bandwidth limits left"
         );
         let routes = self.ns.run("ip", &["-4", "route", "show", "dev", "eth0"]);
         let all = self.ns.run("ip", &["-4", "route", "show"]);

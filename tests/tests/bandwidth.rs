@@ -453,4 +453,7 @@ fn limits_survive_agent_restarts() {
         "{}",
         listed.stdout
     );
+    // DEL of a limited and of an unlimited pod: nothing of either is left.
+    assert!(w.del_pod(limited) && w.del_pod(peer), "both existed");
+    w.nodes[n].assert_no_pod_state("after both pods are deleted");
 }

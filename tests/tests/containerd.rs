@@ -246,6 +246,83 @@ fn portmaps(node: &Node) -> Vec<PortmapEntry> {
     }
 }
 
+/// The pod at `ip` (annotated 10M in, 20M out) is recorded with those
+/// limits, has its shapers, and sends at 20 Mbit/s.
+fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
+    let eps = endpoints(&w.nodes[n]);
+    let ep = eps
+        .iter()
+        .find(|e| e.ip == ip)
+        .unwrap_or_else(|| panic!("no endpoint for {ip}: {eps:?}"));
+    let bw = ep
+        .bandwidth
+        .as_ref()
+        .unwrap_or_else(|| panic!("no bandwidth recorded from the annotations: {ep:?}"));
+    eprintln!("containerd's bandwidth capability: {bw:?}");
+    assert_eq!(
+        (bw.ingress_rate, bw.egress_rate),
+        (Some(10_000_000), Some(20_000_000)),
+        "{bw:?}"
+    );
+    assert!(
+        bw.ingress_burst.unwrap_or(0) > 0 && bw.egress_burst.unwrap_or(0) > 0,
+        "{bw:?}"
+    );
+    let host = w.nodes[n]
+        .ns
+        .run("tc", &["qdisc", "show", "dev", &ep.host_ifname]);
+    assert!(
+        host.contains("tbf") && host.contains("rate 10Mbit"),
+        "host veth: {host}"
+    );
+    let inside = |args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", ep.netns))
+            .args(args)
+            .output()
+            .expect("nsenter");
+        assert!(out.status.success(), "{args:?} in the pod: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let pod = inside(&["tc", "qdisc", "show", "dev", &ep.ifname]);
+    assert!(
+        pod.contains("tbf") && pod.contains("rate 20Mbit"),
+        "pod eth0: {pod}"
+    );
+    // 4 s from the pod to the node: the receiver's total within the limit
+    // (its first second included, the burst is 10 ms of the rate).
+    let _server = ChildOnDrop(
+        w.nodes[n]
+            .ns
+            .command("iperf3")
+            .args(["-s", "-1", "-p", "5391"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("iperf3 -s"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let node_ip = w.nodes[n].ip.to_string();
+    let json = inside(&["iperf3", "-c", &node_ip, "-p", "5391", "-t", "4", "-J"]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("iperf3 JSON");
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no receiver total: {json}"));
+    assert!(
+        (0.8 * 20e6..=1.02 * 20e6).contains(&bps),
+        "the annotated pod sent at {bps:.0} bit/s"
+    );
+}
+
+/// Kills the child on drop.
+struct ChildOnDrop(std::process::Child);
+
+impl Drop for ChildOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn containerd_cri_pods_with_host_ports_on_rivet() {
     require_tools();
@@ -360,15 +437,28 @@ fn containerd_cri_pods_with_host_ports_on_rivet() {
     assert_answers(outside, host_port, "outside to hostPort");
 
     // A second pod reaches the first by its address and by the hostPort.
-    let client_cfg = sandbox_config(
+    // It carries kubelet's bandwidth annotations, which containerd turns
+    // into the CNI `bandwidth` capability.
+    let mut client_cfg = sandbox_config(
         "client",
         &format!("{}-client-uid", w.prefix),
         &ctrd,
         &logs,
         vec![],
     );
+    client_cfg.annotations.extend([
+        (
+            "kubernetes.io/ingress-bandwidth".to_owned(),
+            "10M".to_owned(),
+        ),
+        (
+            "kubernetes.io/egress-bandwidth".to_owned(),
+            "20M".to_owned(),
+        ),
+    ]);
     let (client, client_ctr) = run_pod(&ctrd, &client_cfg, "sleeper", &["sleep", "1000000"]);
     let client_ip = sandbox_ip(&ctrd, &client);
+    assert_shaped(&w, n, client_ip);
     assert_ne!(client_ip, web_ip);
     assert_answers_in_container(
         &ctrd,

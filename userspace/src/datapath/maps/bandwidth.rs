@@ -137,7 +137,11 @@ impl Datapath {
     pub fn remove_pod_bandwidth(&mut self, ifindex: u32) -> Result<bool, DatapathError> {
         match self.bandwidth_map_mut()?.remove(&ifindex) {
             Ok(()) => Ok(true),
+            // aya reports a missing key of a delete as the syscall's ENOENT.
             Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
             Err(e) => Err(map_err(map_names::BANDWIDTH)(e)),
         }
     }
