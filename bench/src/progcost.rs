@@ -197,6 +197,21 @@ fn paths(h: &Harness) -> Vec<PathSpec> {
             Counter::FwdLocal,
         ),
         path(
+            "local_redirect_egress_limited",
+            program_names::FROM_POD,
+            h.ip_frame(
+                twin_limited(h),
+                &Ipv4 {
+                    ttl: 255,
+                    ..Ipv4::new(TWIN_LIMITED, b.ip)
+                },
+            ),
+            a.host_ifindex,
+            Method::TtlChunks,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        ),
+        path(
             "arp_reply",
             program_names::FROM_POD,
             frame(&[
@@ -303,14 +318,43 @@ fn twin(h: &Harness) -> PodSide {
     }
 }
 
+/// A twin (see [`TWIN`]) with an egress bandwidth limit: `from_pod`
+/// checks its packets against a bucket (so fast it never drops): the cost
+/// a limited pod pays per packet, beside `local_redirect` (unlimited).
+const TWIN_LIMITED: Ipv4Addr = Ipv4Addr::new(10, 9, 1, 5);
+
+/// The limited twin as the datapath knows it.
+fn twin_limited(h: &Harness) -> PodSide {
+    PodSide {
+        ip: TWIN_LIMITED,
+        ..twin(h)
+    }
+}
+
 /// Masquerade on, a hostPort 8080 → pod A:80, VXLAN and IPIP routes to the
-/// peer, a default route via a router on the uplink.
+/// peer, a default route via a router on the uplink, the limited twin's
+/// bucket.
 fn prepare(h: &mut Harness) {
     h.enable_nat(61_000, 65_535);
     let a = h.a;
     h.put_hostport(8080, a, 80);
     let t = twin(h);
     h.put_endpoint(t);
+    let limited = twin_limited(h);
+    h.put_endpoint_flags(
+        limited,
+        endpoint_flags::READY | endpoint_flags::BANDWIDTH_EGRESS,
+    );
+    let mut pod_bw = rivet_common::PodBandwidth::default();
+    pod_bw.buckets[rivet_common::bandwidth_dir::EGRESS] = rivet_common::Bucket {
+        rate: 1 << 50,
+        depth_ns: 1 << 60,
+        ..rivet_common::Bucket::default()
+    };
+    let mut bw: HashMap<&mut MapData, u32, rivet_common::PodBandwidth> =
+        HashMap::try_from(h.ebpf.map_mut("BANDWIDTH").expect("map")).expect("hash");
+    bw.insert(a.host_ifindex, pod_bw, 0)
+        .expect("bandwidth entry");
     h.route_to_peer(route_mode::VXLAN);
     let mut routes: LpmTrie<&mut MapData, u32, RouteInfo> =
         LpmTrie::try_from(h.ebpf.map_mut("ROUTES").expect("map")).expect("lpm");

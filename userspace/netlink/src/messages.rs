@@ -149,6 +149,15 @@ pub fn link_up(index: u32) -> LinkMessage {
     msg
 }
 
+/// `ip link set dev <index> gso_max_size <size>`: the largest GSO packet
+/// the stack builds for the link.
+pub fn link_gso_max_size(index: u32, size: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes.push(LinkAttribute::GsoMaxSize(size));
+    msg
+}
+
 /// The link called `name` (to look it up or delete it: `ip link show|del
 /// <name>`).
 pub fn link_named(name: &str) -> LinkMessage {

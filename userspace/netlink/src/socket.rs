@@ -12,7 +12,8 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use crate::{
     Error,
     messages::{
-        LinkInfo, QdiscStats, Tbf, link_info, link_named, root_qdisc, root_qdisc_stats, tbf,
+        LinkInfo, QdiscStats, Tbf, link_gso_max_size, link_info, link_named, root_qdisc,
+        root_qdisc_stats, tbf,
     },
 };
 
@@ -223,6 +224,14 @@ impl RouteSocket {
         self.request(
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
             RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t)),
+        )
+    }
+
+    /// Sets the largest GSO packet the stack builds for link `index`.
+    pub fn set_gso_max_size(&mut self, index: u32, size: u32) -> Result<(), Error> {
+        self.request(
+            NLM_F_REQUEST | NLM_F_ACK,
+            RouteNetlinkMessage::SetLink(link_gso_max_size(index, size)),
         )
     }
 
