@@ -208,16 +208,35 @@ fuzz_target!(|input: Input| {
             (Err(e), Err(())) => assert_eq!(e.code, code::INVALID_CONFIG),
             (got, want) => panic!("portMappings: plugin {got:?}, model {want:?}"),
         }
-        let bw = conf.bandwidth();
-        assert_eq!(
-            bw.map(|b| [
-                b.ingress_rate,
-                b.ingress_burst,
-                b.egress_rate,
-                b.egress_burst
-            ]),
-            input.bandwidth
-        );
+        // The reference plugin's rules: a rate needs a burst and a burst a
+        // rate, a burst under 4 GiB; and a rate of at least a byte/s.
+        let valid = |rate: Option<u64>, burst: Option<u64>| {
+            let (r, b) = (rate.unwrap_or(0), burst.unwrap_or(0));
+            !((r != 0 && b == 0)
+                || (r == 0 && b != 0)
+                || b / 8 >= u64::from(u32::MAX)
+                || (r != 0 && r < 8))
+        };
+        match (conf.bandwidth(), input.bandwidth) {
+            (Ok(None), None) => {}
+            (Ok(Some(b)), Some([ir, ib, er, eb])) => {
+                assert!(valid(ir, ib) && valid(er, eb), "accepted: {b:?}");
+                assert_eq!(
+                    [
+                        b.ingress_rate,
+                        b.ingress_burst,
+                        b.egress_rate,
+                        b.egress_burst
+                    ],
+                    [ir, ib, er, eb]
+                );
+            }
+            (Err(e), Some([ir, ib, er, eb])) => {
+                assert_eq!(e.code, code::INVALID_CONFIG);
+                assert!(!(valid(ir, ib) && valid(er, eb)), "refused: {e:?}");
+            }
+            (got, want) => panic!("bandwidth: plugin {got:?}, input {want:?}"),
+        }
     }
 
     // The requested address: the first non-IPv6 entry of
@@ -256,7 +275,9 @@ fuzz_target!(|input: Input| {
     }
 
     // The request ADD would send, and what the agent decodes from it.
-    let (Ok(port_mappings), Ok(requested), Ok(cni_args)) = (got, requested, parsed) else {
+    let (Ok(port_mappings), Ok(requested), Ok(cni_args), Ok(bandwidth)) =
+        (got, requested, parsed, conf.bandwidth())
+    else {
         return;
     };
     let spec = EndpointSpec {
@@ -267,7 +288,7 @@ fuzz_target!(|input: Input| {
             name: p.name,
         }),
         port_mappings,
-        bandwidth: conf.bandwidth(),
+        bandwidth,
         routes: conf.routes().unwrap_or_default(),
         ..EndpointSpec::new("c1", "/run/netns/p1")
     };

@@ -304,6 +304,33 @@ pub struct Load {
     pub reverse: bool,
 }
 
+impl Load {
+    /// `secs` seconds of `streams` TCP streams, client to server.
+    pub const fn tcp(secs: u32, streams: u32) -> Self {
+        Self {
+            secs,
+            streams,
+            udp_bitrate: None,
+            reverse: false,
+        }
+    }
+
+    /// `secs` seconds of one UDP stream offered at `bitrate` bit/s.
+    pub const fn udp(secs: u32, bitrate: u64) -> Self {
+        Self {
+            secs,
+            streams: 1,
+            udp_bitrate: Some(bitrate),
+            reverse: false,
+        }
+    }
+
+    /// The same load, the server sending when `reverse`.
+    pub const fn reversed(self, reverse: bool) -> Self {
+        Self { reverse, ..self }
+    }
+}
+
 /// Runs iperf3 from `client` to `server_ip:port` (server in `server`) with
 /// `load`. The figures are the receiving end's own: the sender's count
 /// bytes written into its socket buffer, which the first second overstates.

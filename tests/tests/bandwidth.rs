@@ -27,24 +27,21 @@ use serde_json::json;
 
 static TRAFFIC: Mutex<()> = Mutex::new(());
 
+/// iperf3 from pod `from` to pod `to` with `load`, measured at the
+/// receiving end.
+fn measure(w: &World, from: usize, to: usize, port: u16, load: Load) -> Received {
+    iperf3_received(&w.pods[from].ns, &w.pods[to].ns, w.pods[to].ip, port, load)
+}
+
 const MBIT: u64 = 1_000_000;
 
 /// Both directions limited to `rate` with a burst of 100 ms of it.
 fn both(rate: u64) -> Bandwidth {
-    Bandwidth {
-        ingress_rate: Some(rate),
-        ingress_burst: Some(rate / 10),
-        egress_rate: Some(rate),
-        egress_burst: Some(rate / 10),
-    }
+    Bandwidth::limits(Some((rate, rate / 10)), Some((rate, rate / 10)))
 }
 
 fn egress_only(rate: u64) -> Bandwidth {
-    Bandwidth {
-        egress_rate: Some(rate),
-        egress_burst: Some(rate / 10),
-        ..Bandwidth::default()
-    }
+    Bandwidth::limits(None, Some((rate, rate / 10)))
 }
 
 /// One accuracy cell: `limited` sends (`egress`) or receives to/from
@@ -56,18 +53,13 @@ fn cell(w: &World, limited: usize, peer: usize, rate: u64, streams: u32, egress:
         rate / MBIT,
         if egress { "egress" } else { "ingress" }
     );
-    let run = |port: u16| -> Received {
-        iperf3_received(
-            &w.pods[limited].ns,
-            &w.pods[peer].ns,
-            w.pods[peer].ip,
+    let run = |port: u16| {
+        measure(
+            w,
+            limited,
+            peer,
             port,
-            Load {
-                secs: 11,
-                streams,
-                udp_bitrate: None,
-                reverse: !egress,
-            },
+            Load::tcp(11, streams).reversed(!egress),
         )
     };
     let mut r = run(port);
@@ -126,17 +118,12 @@ fn udp_beyond_the_rate_is_cut_to_it() {
     let peer = w.add_pod(n);
     let free = w.add_pod(n);
     for (reverse, port) in [(false, 5801), (true, 5802)] {
-        let r = iperf3_received(
-            &w.pods[limited].ns,
-            &w.pods[peer].ns,
-            w.pods[peer].ip,
+        let r = measure(
+            &w,
+            limited,
+            peer,
             port,
-            Load {
-                secs: 6,
-                streams: 1,
-                udp_bitrate: Some(2 * rate),
-                reverse,
-            },
+            Load::udp(6, 2 * rate).reversed(reverse),
         );
         let rest = r.mean_from(1) / rate as f64;
         eprintln!("UDP at 2×, reverse {reverse}: {rest:.3}× ({r:?})");
@@ -182,18 +169,7 @@ fn udp_beyond_the_rate_is_cut_to_it() {
     assert!(body.lines().any(|l| l == limit), "{limit} missing:\n{body}");
 
     // The pod without limits is not held to it.
-    let r = iperf3_received(
-        &w.pods[free].ns,
-        &w.pods[peer].ns,
-        w.pods[peer].ip,
-        5803,
-        Load {
-            secs: 3,
-            streams: 1,
-            udp_bitrate: None,
-            reverse: false,
-        },
-    );
+    let r = measure(&w, free, peer, 5803, Load::tcp(3, 1));
     assert!(
         r.mean_from(1) > 3.0 * rate as f64,
         "an unlimited pod reached only {:.0} bit/s",
@@ -231,20 +207,7 @@ fn limits_change_on_a_running_pod() {
     // second of it that starts 1 s or more after the change is checked.
     let flow_with_change = |port: u16, change: &dyn Fn()| -> (Received, usize) {
         std::thread::scope(|s| {
-            let flow = s.spawn(|| {
-                iperf3_received(
-                    &w.pods[limited].ns,
-                    &w.pods[peer].ns,
-                    w.pods[peer].ip,
-                    port,
-                    Load {
-                        secs: 7,
-                        streams: 1,
-                        udp_bitrate: None,
-                        reverse: false,
-                    },
-                )
-            });
+            let flow = s.spawn(|| measure(&w, limited, peer, port, Load::tcp(7, 1)));
             let start = Instant::now();
             std::thread::sleep(Duration::from_millis(2500));
             change();
@@ -368,20 +331,7 @@ fn a_flood_beyond_the_limit_leaves_other_pods_alone() {
     };
     let idle = p50(ping_times(&w.pods[other].ns, w.pods[sink].ip, 200, 0.01));
     let (other_p99, own_p50) = std::thread::scope(|s| {
-        let flood = s.spawn(|| {
-            iperf3_received(
-                &w.pods[flooder].ns,
-                &w.pods[sink].ns,
-                w.pods[sink].ip,
-                6001,
-                Load {
-                    secs: 6,
-                    streams: 1,
-                    udp_bitrate: Some(1_000 * MBIT),
-                    reverse: false,
-                },
-            )
-        });
+        let flood = s.spawn(|| measure(&w, flooder, sink, 6001, Load::udp(6, 1_000 * MBIT)));
         std::thread::sleep(std::time::Duration::from_millis(1500));
         let other = ping_times(&w.pods[other].ns, w.pods[sink].ip, 200, 0.01);
         let own = ping_times(&w.pods[flooder].ns, w.pods[sink].ip, 100, 0.02);
@@ -432,18 +382,7 @@ fn limits_survive_agent_restarts() {
         agent.stop_with(signal);
         agent.restart();
         for (reverse, port) in [(false, 6101), (true, 6102)] {
-            let r = iperf3_received(
-                &w.pods[limited].ns,
-                &w.pods[peer].ns,
-                w.pods[peer].ip,
-                port,
-                Load {
-                    secs: 3,
-                    streams: 1,
-                    udp_bitrate: None,
-                    reverse,
-                },
-            );
+            let r = measure(&w, limited, peer, port, Load::tcp(3, 1).reversed(reverse));
             let rest = r.mean_from(1) / rate as f64;
             assert!(
                 (0.8..=1.02).contains(&rest),

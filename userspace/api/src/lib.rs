@@ -756,6 +756,17 @@ pub struct Bandwidth {
 }
 
 impl Bandwidth {
+    /// Limits as (rate bit/s, burst bits) per direction; `None`: that
+    /// direction unlimited.
+    pub fn limits(ingress: Option<(u64, u64)>, egress: Option<(u64, u64)>) -> Self {
+        Self {
+            ingress_rate: ingress.map(|(r, _)| r),
+            ingress_burst: ingress.map(|(_, b)| b),
+            egress_rate: egress.map(|(r, _)| r),
+            egress_burst: egress.map(|(_, b)| b),
+        }
+    }
+
     /// Checks the limits as the reference `bandwidth` plugin does: a rate
     /// needs a burst and a burst a rate; a burst fits in 4 GiB. Also
     /// refused: a rate below 8 bit/s (less than a byte per second).

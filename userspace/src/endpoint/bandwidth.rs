@@ -358,15 +358,6 @@ impl Endpoints {
 mod tests {
     use super::*;
 
-    fn bw(ir: Option<u64>, ib: Option<u64>, er: Option<u64>, eb: Option<u64>) -> Bandwidth {
-        Bandwidth {
-            ingress_rate: ir,
-            ingress_burst: ib,
-            egress_rate: er,
-            egress_burst: eb,
-        }
-    }
-
     #[test]
     fn burst_is_the_request_within_the_queue() {
         // 100 Mbit/s: queue 10 ms = 125,000 bytes; a 1 Mbit burst fits.
@@ -392,17 +383,20 @@ mod tests {
 
     #[test]
     fn plan_by_direction() {
-        let (shapers, pod) = plan(Some(&bw(Some(8_000_000), Some(8_000_000), None, None)));
+        let (shapers, pod) = plan(Some(&Bandwidth::limits(Some((8_000_000, 8_000_000)), None)));
         let pod = pod.expect("limits");
         assert!(shapers[bandwidth_dir::EGRESS].is_none());
         let ingress = shapers[bandwidth_dir::INGRESS].expect("ingress");
         assert_eq!(ingress.rate, 1_000_000);
         assert_eq!(pod.buckets[bandwidth_dir::INGRESS].rate, 1_000_000);
         assert_eq!(pod.buckets[bandwidth_dir::EGRESS], Bucket::default());
-        let (shapers, pod) = plan(Some(&bw(None, None, Some(80_000_000), Some(8_000_000))));
+        let (shapers, pod) = plan(Some(&Bandwidth::limits(
+            None,
+            Some((80_000_000, 8_000_000)),
+        )));
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
         assert_eq!((egress.burst, egress.limit), (100_000, 100_000));
-        let (shapers, _) = plan(Some(&bw(None, None, Some(8_000_000), Some(8_000_000))));
+        let (shapers, _) = plan(Some(&Bandwidth::limits(None, Some((8_000_000, 8_000_000)))));
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
         assert_eq!(
             (egress.burst, egress.limit),
@@ -414,7 +408,11 @@ mod tests {
             pod.expect("limits").buckets[bandwidth_dir::EGRESS].depth_ns,
             26_758_400
         );
-        assert!(plan(Some(&bw(Some(0), Some(0), None, None))).1.is_none());
+        assert!(
+            plan(Some(&Bandwidth::limits(Some((0, 0)), None)))
+                .1
+                .is_none()
+        );
         assert!(plan(None).1.is_none());
     }
 }
