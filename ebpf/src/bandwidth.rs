@@ -92,7 +92,7 @@ fn wire_len(ctx: &TcContext) -> u32 {
 /// callers' frames.
 #[inline(never)]
 fn over(ifindex: u32, wire: u32) -> bool {
-    let Some(pod) = maps::BANDWIDTH.get_ptr_mut(&ifindex) else {
+    let Some(pod) = maps::BANDWIDTH.get_ptr_mut(ifindex) else {
         return false;
     };
     // SAFETY: a map value pointer from a successful lookup, valid for the
