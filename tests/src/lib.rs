@@ -61,6 +61,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod bgp;
 pub mod capture;
 pub mod cni;
 pub mod continuity;

@@ -358,6 +358,10 @@ impl Drop for Node {
         }
         // Whatever the agent could not remove (it may have crashed).
         let _ = rivet::datapath::unload(&rivet::pins::PinLayout::new(self.agent_args.pin_dir()));
+        // bgp mode: the speaker outlives agents by design.
+        rivet::cluster::bgp::bird::Bird::stop(&rivet::cluster::bgp::paths(
+            &self.agent_args.state_dir,
+        ));
     }
 }
 
@@ -447,10 +451,17 @@ impl World {
     /// Adds a node with a given pod CIDR (no agent yet).
     pub fn add_node_with_cidr(&mut self, pod_cidr: &str) -> usize {
         let i = self.nodes.len() + 1;
-        let name = format!("{}-n{i}", self.prefix);
-        let ns = Netns::new(name.clone());
         let ip = Ipv4Addr::new(192, 168, self.k, 10 + i as u8);
+        let ns = Netns::new(format!("{}-n{i}", self.prefix));
         self.plug(&ns, &format!("n{i}"), ip);
+        self.push_node(ns, ip, pod_cidr)
+    }
+
+    /// Adds a node whose namespace `switch` plugged (its `eth0`, address,
+    /// routes): its agent's arguments, no agent yet.
+    pub fn push_node(&mut self, ns: Netns, ip: Ipv4Addr, pod_cidr: &str) -> usize {
+        let i = self.nodes.len() + 1;
+        let name = ns.name().to_owned();
         let pod_cidr = pod_cidr.to_owned();
         let agent_args = AgentArgs {
             node_name: name.clone(),

@@ -198,6 +198,59 @@ pub enum Request {
         #[serde(default)]
         pod: Option<String>,
     },
+    /// The node's BGP speaker, sessions and learned routes
+    /// ([`Response::Bgp`]; `bgp` mode only).
+    Bgp {},
+}
+
+/// A node's BGP state ([`Request::Bgp`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpStatus {
+    /// Its AS number.
+    pub asn: u32,
+    /// Its router ID (the node's address).
+    pub router_id: std::net::Ipv4Addr,
+    /// Route reflector cluster ID, when it reflects.
+    pub cluster_id: Option<std::net::Ipv4Addr>,
+    /// Whether the speaker answers, and its restarts by the agent.
+    pub speaker_up: bool,
+    /// Times the agent found the speaker dead and started it again.
+    pub speaker_restarts: u64,
+    /// Prefixes announced.
+    pub announced: Vec<String>,
+    /// Every session.
+    pub sessions: Vec<BgpSession>,
+    /// Routes learned (in the speaker's kernel table).
+    pub learned: usize,
+    /// Of them, held out of the datapath by flap damping.
+    pub suppressed: usize,
+    /// Suppressions so far.
+    pub suppressions: u64,
+}
+
+/// One BGP session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpSession {
+    /// The speaker's name of it.
+    pub name: String,
+    /// The peer's address.
+    pub peer: Option<std::net::Ipv4Addr>,
+    /// The peer's AS.
+    pub peer_as: Option<u32>,
+    /// `node`, `reflector`, `client` or `external`.
+    pub role: String,
+    /// The BGP state (`Established`, `Active`, `Connect`, …).
+    pub state: String,
+    /// Seconds in this state, when known.
+    pub uptime_secs: Option<u64>,
+    /// Prefixes received from the peer.
+    pub received: u64,
+    /// Prefixes advertised to it.
+    pub advertised: u64,
+    /// State changes the agent saw.
+    pub changes: u64,
+    /// The speaker's last error of the session.
+    pub last_error: Option<String>,
 }
 
 /// The NetworkPolicy of a node's pods ([`Request::Policy`]).
@@ -1218,6 +1271,8 @@ pub enum Response {
     Services(ServiceList),
     /// The NetworkPolicy of the node's pods.
     Policy(PolicyList),
+    /// The node's BGP state.
+    Bgp(BgpStatus),
     /// The request failed.
     Error(ApiError),
 }

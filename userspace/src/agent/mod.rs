@@ -34,6 +34,7 @@
 //! and a SIGKILL restart, in both attach modes: 0 lost, same attachments, new
 //! program IDs, never a veth without its program.
 
+mod bgp;
 mod kube;
 mod objects;
 mod policy;
@@ -117,6 +118,12 @@ pub enum AgentError {
     /// Cluster mode needs the node's address.
     #[error("cluster mode (etcd or kubernetes) needs an uplink with an IPv4 address")]
     NoNodeIp,
+    /// `bgp` mode needs the uplink and its address (router ID, sessions).
+    #[error("bgp mode needs an uplink with an IPv4 address")]
+    BgpNoUplink,
+    /// The BGP speaker could not be started or configured.
+    #[error("BGP speaker: {0}")]
+    Bgp(#[from] crate::cluster::bgp::bird::BirdError),
     /// The socket could not be served.
     #[error("API socket {path}: {source}")]
     Socket {
@@ -151,6 +158,8 @@ pub struct NodeState {
     pub services: crate::services::Services,
     /// The NetworkPolicies of this node's pods (the policy maps).
     pub policies: crate::policy::Policies,
+    /// `bgp` mode: the speaker, its peers and what it learned.
+    pub bgp: Option<crate::cluster::bgp::Bgp>,
 }
 
 /// A running agent.
@@ -232,7 +241,7 @@ impl Agent {
         let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
         let mtu = cfg
             .mtu
-            .unwrap_or_else(|| uplink_mtu.saturating_sub(cfg.mode.overhead()));
+            .unwrap_or_else(|| uplink_mtu.saturating_sub(cfg.overhead()));
         let uplink_addr = match &uplink {
             Some(l) => nl.addresses_of(l.index).await?.into_iter().next(),
             None => None,
@@ -265,7 +274,12 @@ impl Agent {
             config.host_mac = host.mac;
             dp.write_config(config)?;
             dp.attach(program_names::FROM_HOST, node::HOST_DEV, Hook::Egress)?;
-            if matches!(cfg.mode, Mode::Vxlan | Mode::Hybrid)
+            let vxlan = matches!(cfg.mode, Mode::Vxlan | Mode::Hybrid)
+                || cfg
+                    .bgp
+                    .as_ref()
+                    .is_some_and(|b| b.cross_subnet == crate::config::CrossSubnet::Vxlan);
+            if vxlan
                 && let Err(e) = node::vxlan_gro_device(&nl, cfg.vxlan_port).await
             {
                 tracing::warn!(error = %e, "no idle vxlan device: VXLAN receive GRO depends on the NIC");
@@ -294,8 +308,31 @@ impl Agent {
         }
         let cfg_store = cfg.has_store();
         let cfg_pin_dir = cfg.pin_dir.clone();
-        let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni);
+        let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni)
+            .with_cross_subnet(cfg.bgp.as_ref().map_or_else(Default::default, |b| b.cross_subnet));
         cluster.restore(&mut dp)?;
+        let bgp = match (&cfg.bgp, &uplink, node_ip) {
+            (None, ..) => None,
+            (Some(settings), Some(uplink), Some(node_ip)) => {
+                let mut bgp = crate::cluster::bgp::Bgp::new(
+                    settings.clone(),
+                    &crate::cluster::bgp::NodeFacts {
+                        node_ip,
+                        uplink: &uplink.name,
+                        pod_cidr,
+                        cluster_cidr: cfg.cluster_cidr,
+                        state_dir: &cfg.state_dir,
+                        vni: cfg.vni,
+                    },
+                );
+                // Routes in the pinned maps: a speaker that died with the
+                // agent comes back in graceful restart recovery.
+                bgp.ensure_running(!cluster.is_empty() && settings.graceful_restart > 0)?;
+                tracing::info!(asn = settings.asn, sessions = bgp.sessions().len(), "BGP speaker running");
+                Some(bgp)
+            }
+            (Some(_), ..) => return Err(AgentError::BgpNoUplink),
+        };
 
         dp.write_nat_config(crate::nat::datapath_config(&cfg.nat))?;
         dp.write_nat_limits(crate::nat::datapath_limits(&cfg.nat))?;
@@ -408,6 +445,7 @@ impl Agent {
                 objects,
                 services,
                 policies,
+                bgp,
             }),
             started: Instant::now(),
             mtu,
@@ -647,6 +685,10 @@ pub async fn uplink_ipv4(cfg: &AgentConfig) -> Result<Option<Ipv4Addr>, AgentErr
 impl crate::cluster::ClusterSink for Agent {
     async fn replace(&self, nodes: Vec<RemoteNode>) {
         let mut state = self.state.lock().await;
+        if let Some(b) = &mut state.bgp {
+            bgp::members_replaced(b, nodes);
+            return;
+        }
         let NodeState { dp, cluster, .. } = &mut *state;
         if let Err(e) = cluster.replace_all(dp, nodes) {
             tracing::warn!(error = %e, "applying the cluster's nodes");
@@ -656,6 +698,10 @@ impl crate::cluster::ClusterSink for Agent {
 
     async fn upsert(&self, node: RemoteNode) {
         let mut state = self.state.lock().await;
+        if let Some(b) = &mut state.bgp {
+            bgp::member_put(b, node);
+            return;
+        }
         let NodeState { dp, cluster, .. } = &mut *state;
         let (subnet, ip) = (node.subnet, node.node_ip);
         match cluster.upsert(dp, node) {
@@ -668,6 +714,10 @@ impl crate::cluster::ClusterSink for Agent {
 
     async fn remove(&self, subnet: ipnet::Ipv4Net) {
         let mut state = self.state.lock().await;
+        if let Some(b) = &mut state.bgp {
+            bgp::member_removed(b, subnet);
+            return;
+        }
         let NodeState { dp, cluster, .. } = &mut *state;
         match cluster.remove(dp, subnet) {
             Ok(true) => tracing::info!(%subnet, "node left"),

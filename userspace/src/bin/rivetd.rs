@@ -242,6 +242,7 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
         watches.push(tokio::spawn(watch::objects(settings, Arc::clone(&agent))));
     }
     let nat_collector = tokio::spawn(Arc::clone(&agent).collect_nat());
+    let bgp = tokio::spawn(Arc::clone(&agent).run_bgp());
     let events = {
         let hub = Arc::clone(agent.events());
         tokio::spawn(async move {
@@ -283,6 +284,9 @@ async fn serve(mut cfg: AgentConfig) -> Result<(), AgentError> {
     rivet::server::serve(Arc::clone(&agent), listener, shutdown_signal()).await;
     reconciler.abort();
     nat_collector.abort();
+    // The speaker keeps running: peers keep this node's routes while
+    // the agent restarts.
+    bgp.abort();
     for w in &watches {
         w.abort();
     }
@@ -365,6 +369,9 @@ async fn unload(cfg: AgentConfig) -> Result<(), AgentError> {
             Ok(None) => {}
             Err(e) => eprintln!("rivetd: warning: could not deregister from etcd: {e}"),
         }
+    }
+    if rivet::cluster::bgp::bird::Bird::stop(&rivet::cluster::bgp::paths(&cfg.state_dir)) {
+        println!("stopped the BGP speaker (its peers withdraw this node's routes)");
     }
     let records = cfg.state_dir.join("endpoints");
     if records.exists() {

@@ -13,7 +13,7 @@ use crate::{cluster::RemoteNode, config::Mode, netlink::parse_mac};
 /// The backend section of the network config.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Backend {
-    /// `vxlan`, `ipip`, `host-gw`.
+    /// `vxlan`, `ipip`, `host-gw` (and rivet's `bgp`).
     #[serde(rename = "Type", default)]
     pub kind: String,
     /// VXLAN VNI.
@@ -33,6 +33,7 @@ impl Backend {
         match self.kind.as_str() {
             "ipip" => Mode::Ipip,
             "host-gw" => Mode::Native,
+            "bgp" => Mode::Bgp,
             _ if self.direct_routing => Mode::Hybrid,
             _ => Mode::Vxlan,
         }
@@ -45,6 +46,9 @@ impl Backend {
             Mode::Hybrid => ("vxlan", true),
             Mode::Ipip => ("ipip", false),
             Mode::Native => ("host-gw", false),
+            // Not a flannel backend: flannel nodes cannot join a BGP
+            // cluster, rivet nodes read it back.
+            Mode::Bgp => ("bgp", false),
         };
         Self {
             kind: kind.to_owned(),

@@ -12,6 +12,7 @@
 //! agent settings (`vni`, `vxlan_port`); the VTEP MAC is derived from the node
 //! IP (`0e:72:<ip>`), so a peer's MAC is known from its address alone.
 
+pub mod bgp;
 pub mod etcd;
 pub mod flannel;
 pub mod kubernetes;
@@ -24,7 +25,7 @@ use rivet_api::NodeEntry;
 use rivet_common::{PeerInfo, RouteInfo, route_mode};
 
 use crate::{
-    config::Mode,
+    config::{CrossSubnet, Mode},
     datapath::{Datapath, DatapathError},
     netlink::{format_mac, parse_mac},
 };
@@ -128,7 +129,10 @@ impl RemoteNode {
 #[derive(Debug)]
 pub struct Cluster {
     mode: Mode,
-    /// The uplink's subnet (hybrid mode: peers inside it are reached natively).
+    /// `bgp` mode: how next hops outside the uplink's subnet are reached.
+    cross_subnet: CrossSubnet,
+    /// The uplink's subnet (hybrid and bgp modes: peers inside it are
+    /// reached natively).
     uplink_net: Option<Ipv4Net>,
     own_subnet: Ipv4Net,
     own_ip: Option<Ipv4Addr>,
@@ -150,6 +154,7 @@ impl Cluster {
     ) -> Self {
         Self {
             mode,
+            cross_subnet: CrossSubnet::None,
             uplink_net,
             own_subnet,
             own_ip,
@@ -159,19 +164,28 @@ impl Cluster {
         }
     }
 
+    /// In `bgp` mode: how next hops outside the uplink's subnet are
+    /// reached.
+    pub fn with_cross_subnet(mut self, cross_subnet: CrossSubnet) -> Self {
+        self.cross_subnet = cross_subnet;
+        self
+    }
+
     /// How traffic to `node_ip` travels.
     pub fn route_mode(&self, node_ip: Ipv4Addr) -> u32 {
         match self.mode {
             Mode::Vxlan => route_mode::VXLAN,
             Mode::Ipip => route_mode::IPIP,
             Mode::Native => route_mode::NATIVE,
-            Mode::Hybrid => {
-                if self.uplink_net.is_some_and(|n| n.contains(&node_ip)) {
-                    route_mode::NATIVE
-                } else {
-                    route_mode::VXLAN
-                }
+            Mode::Hybrid | Mode::Bgp if self.uplink_net.is_some_and(|n| n.contains(&node_ip)) => {
+                route_mode::NATIVE
             }
+            Mode::Hybrid => route_mode::VXLAN,
+            Mode::Bgp => match self.cross_subnet {
+                CrossSubnet::None => route_mode::NATIVE,
+                CrossSubnet::Vxlan => route_mode::VXLAN,
+                CrossSubnet::Ipip => route_mode::IPIP,
+            },
         }
     }
 

@@ -30,15 +30,21 @@ pub enum Mode {
     /// Native toward nodes on the uplink's subnet, VXLAN toward the others
     /// (flannel's DirectRouting).
     Hybrid,
+    /// Routes learned by BGP, natively (Calico's BGP mode); a tunnel only
+    /// toward next hops outside the uplink's subnet when `bgp_cross_subnet`
+    /// says so.
+    Bgp,
 }
 
 impl Mode {
-    /// Bytes the worst-case path adds to a pod packet (pod MTU = uplink − this).
+    /// Bytes the worst-case path adds to a pod packet (pod MTU = uplink −
+    /// this); in `bgp` mode the cross-subnet tunnel's
+    /// ([`super::AgentConfig::overhead`]).
     pub const fn overhead(self) -> u32 {
         match self {
             Mode::Vxlan | Mode::Hybrid => rivet_common::VXLAN_OVERHEAD,
             Mode::Ipip => rivet_common::IPIP_OVERHEAD,
-            Mode::Native => 0,
+            Mode::Native | Mode::Bgp => 0,
         }
     }
 
@@ -49,6 +55,7 @@ impl Mode {
             Mode::Ipip => "ipip",
             Mode::Native => "native",
             Mode::Hybrid => "hybrid",
+            Mode::Bgp => "bgp",
         }
     }
 }
@@ -62,8 +69,9 @@ impl std::str::FromStr for Mode {
             "ipip" => Ok(Mode::Ipip),
             "native" => Ok(Mode::Native),
             "hybrid" => Ok(Mode::Hybrid),
+            "bgp" => Ok(Mode::Bgp),
             other => Err(format!(
-                "{other:?} is not a mode (vxlan, ipip, native, hybrid)"
+                "{other:?} is not a mode (vxlan, ipip, native, hybrid, bgp)"
             )),
         }
     }

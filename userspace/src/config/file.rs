@@ -81,7 +81,7 @@ pub struct FileConfig {
     pub ebpf_object: Option<PathBuf>,
 
     // --- cross-node
-    /// Cross-node mode: vxlan (default), ipip, native, hybrid.
+    /// Cross-node mode: vxlan (default), ipip, native, hybrid, bgp.
     #[arg(long, help_heading = "Cross-node")]
     pub mode: Option<Mode>,
     /// Cluster CIDR: all nodes' pod CIDRs (default 10.244.0.0/16).
@@ -189,6 +189,63 @@ pub struct FileConfig {
     /// a full table forgets its least recently used flows; default 262144).
     #[arg(long, help_heading = "Map capacities")]
     pub max_policy_flows: Option<u32>,
+
+    // --- BGP (mode = "bgp")
+    /// This node's AS number (default 64512; every node of a mesh or of
+    /// a reflector cluster shares it: iBGP).
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_as: Option<u32>,
+    /// Peer with every other node of the cluster (node-to-node mesh;
+    /// default true, false when `bgp_reflectors` is set).
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_mesh: Option<bool>,
+    /// Route reflectors this node peers with instead of the mesh
+    /// (addresses, comma-separated on the command line).
+    #[arg(long, value_delimiter = ',', help_heading = "BGP")]
+    pub bgp_reflectors: Option<Vec<Ipv4Addr>>,
+    /// Makes this node a route reflector with this cluster ID (Calico's
+    /// `routeReflectorClusterID`): every other node of the cluster is its
+    /// client, other reflectors are its non-client peers.
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_reflector_cluster_id: Option<Ipv4Addr>,
+    /// External peers (top-of-rack routers), `ADDRESS:AS` or
+    /// `ADDRESS:AS:PASSWORD`; eBGP when AS differs from `bgp_as`, else
+    /// iBGP (comma-separated on the command line).
+    #[arg(long, value_delimiter = ',', help_heading = "BGP")]
+    pub bgp_peers: Option<Vec<String>>,
+    /// TCP MD5 password of the sessions with other nodes (mesh and
+    /// reflectors); default none.
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_password: Option<String>,
+    /// Hold time of every session, seconds (default 30; keepalives every
+    /// third of it): a stopped node's routes are withdrawn after it.
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_hold_time: Option<u16>,
+    /// Graceful restart time, seconds (default 120; 0 = off): how long
+    /// peers keep this node's routes while its speaker restarts.
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_graceful_restart: Option<u16>,
+    /// Tunnel to a next hop outside the uplink's subnet: none (default:
+    /// routed natively through the uplink's gateway), vxlan or ipip
+    /// (Calico's CrossSubnet).
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_cross_subnet: Option<String>,
+    /// More prefixes to announce besides the pod CIDR (a Service CIDR,
+    /// external IPs), comma-separated on the command line.
+    #[arg(long, value_delimiter = ',', help_heading = "BGP")]
+    pub bgp_advertise: Option<Vec<String>>,
+    /// Damp flapping routes (default true): a prefix withdrawn and
+    /// announced again too often is held out of the datapath until it
+    /// calms down.
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_damping: Option<bool>,
+    /// The BGP speaker, BIRD 2 (default /usr/sbin/bird).
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_speaker: Option<PathBuf>,
+    /// Kernel routing table the speaker writes learned routes into for
+    /// the agent (default 4242; never used for forwarding).
+    #[arg(long, help_heading = "BGP")]
+    pub bgp_table: Option<u32>,
 }
 
 impl FileConfig {

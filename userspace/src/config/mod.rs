@@ -8,9 +8,11 @@
 //! | `node.rs` | the node; where state lives, API socket, metrics |
 //! | `datapath.rs` | how programs attach, which object |
 //! | `cluster.rs` | cross-node mode, cluster CIDR, VXLAN, etcd |
+//! | `bgp.rs` | `bgp` mode: AS, mesh, reflectors, external peers, timers |
 //! | `nat.rs` | masquerade |
 //! | `limits.rs` | map capacities, fragment budget |
 
+mod bgp;
 mod cluster;
 mod datapath;
 mod file;
@@ -23,6 +25,10 @@ use std::{net::Ipv4Addr, path::PathBuf};
 use ipnet::Ipv4Net;
 
 pub use self::{
+    bgp::{
+        BgpPeer, BgpSettings, CrossSubnet, DEFAULT_BGP_AS, DEFAULT_BGP_GRACEFUL_RESTART,
+        DEFAULT_BGP_HOLD_TIME, DEFAULT_BGP_SPEAKER, DEFAULT_BGP_TABLE,
+    },
     cluster::{
         DEFAULT_CLUSTER_CIDR, DEFAULT_ETCD_PREFIX, DEFAULT_VNI, DEFAULT_VXLAN_PORT, EtcdSettings,
         IN_CLUSTER_ENV, KubeSettings, Mode,
@@ -106,6 +112,8 @@ pub struct AgentConfig {
     pub vni: u32,
     /// VXLAN UDP port.
     pub vxlan_port: u16,
+    /// BGP settings; `Some` exactly in `bgp` mode.
+    pub bgp: Option<BgpSettings>,
     /// etcd settings; `None` = no etcd.
     pub etcd: Option<EtcdSettings>,
     /// The Kubernetes API source; `None` = not this source. With neither
@@ -178,6 +186,15 @@ fn absolute(key: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
 }
 
 impl AgentConfig {
+    /// Bytes the worst-case path to another node adds to a pod packet
+    /// (pod MTU = uplink − this).
+    pub fn overhead(&self) -> u32 {
+        match &self.bgp {
+            Some(bgp) => bgp.cross_subnet.overhead(),
+            None => self.mode.overhead(),
+        }
+    }
+
     /// Whether a cluster store (etcd or the Kubernetes API) feeds the
     /// node: readiness then waits for it to be in sync.
     pub fn has_store(&self) -> bool {
@@ -208,6 +225,7 @@ impl AgentConfig {
         let node = node::node(&file)?;
         let places = node::places(&file, &node.node_name)?;
         let cluster = cluster::cluster(&file)?;
+        let bgp = bgp::bgp(&file, cluster.mode)?;
         let nat = nat::nat_settings(&file, cluster.cluster_cidr)?;
         let frag_budget = limits::frag_budget(&file)?;
         let limits = limits::map_limits(&file, nat.max_entries)?;
@@ -248,6 +266,7 @@ impl AgentConfig {
             cluster_cidr: cluster.cluster_cidr,
             vni: cluster.vni,
             vxlan_port: cluster.vxlan_port,
+            bgp,
             etcd: cluster.etcd,
             kubernetes: cluster.kubernetes,
             nat,

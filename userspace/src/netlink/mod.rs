@@ -4,12 +4,14 @@
 //! The messages themselves are built and read in [`messages`] (from
 //! `rivet-netlink`, which the CNI plugin shares); [`batch`] sends many in
 //! one write, without a runtime, on its blocking socket; [`netns`] runs
-//! work inside another network namespace.
+//! work inside another network namespace; [`table`] watches one routing
+//! table.
 
 pub mod batch;
 pub mod messages;
 pub mod netns;
 pub mod sock_diag;
+pub mod table;
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -75,6 +75,7 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         Request::Services {} => {
             return Ok(Response::Services(services(agent, Detail::Full).await?));
         }
+        Request::Bgp {} => return agent.bgp_status().await.map(Response::Bgp),
         Request::Policy { pod } => {
             let wanted = pod
                 .as_deref()
@@ -132,7 +133,8 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
         | Request::Delete { .. }
         | Request::Get { .. }
         | Request::Services {}
-        | Request::Policy { .. } => Err(ApiError::new(
+        | Request::Policy { .. }
+        | Request::Bgp {} => Err(ApiError::new(
             ErrorKind::Internal,
             "request answered without the lock",
         )),
@@ -144,10 +146,20 @@ pub(super) async fn dispatch(agent: &Arc<Agent>, request: Request) -> Result<Res
 }
 
 fn node_set(agent: &Agent, mut state: Locked<'_>, entry: &NodeEntry) -> Result<Response, ApiError> {
-    let NodeState { dp, cluster, .. } = &mut *state;
     let node = RemoteNode::from_entry(entry, agent.config().vni)
         .map_err(|e| ApiError::new(ErrorKind::BadRequest, e.to_string()))?;
     let subnet = node.subnet;
+    if let Some(bgp) = &mut state.bgp {
+        // A node of the cluster: a BGP peer, not a route.
+        if bgp.put_member(node) {
+            bgp.reconfigure()
+                .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+        }
+        return Ok(Response::Nodes {
+            nodes: vec![entry.clone()],
+        });
+    }
+    let NodeState { dp, cluster, .. } = &mut *state;
     let changed = cluster
         .upsert(dp, node)
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
@@ -160,13 +172,21 @@ fn node_set(agent: &Agent, mut state: Locked<'_>, entry: &NodeEntry) -> Result<R
 }
 
 fn node_del(mut state: Locked<'_>, subnet: &str) -> Result<Response, ApiError> {
-    let NodeState { dp, cluster, .. } = &mut *state;
     let net: ipnet::Ipv4Net = subnet.parse().map_err(|_| {
         ApiError::new(
             ErrorKind::BadRequest,
             format!("subnet {subnet:?} is not an IPv4 CIDR"),
         )
     })?;
+    if let Some(bgp) = &mut state.bgp {
+        let existed = bgp.remove_member(net);
+        if existed {
+            bgp.reconfigure()
+                .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+        }
+        return Ok(Response::Deleted { existed });
+    }
+    let NodeState { dp, cluster, .. } = &mut *state;
     let existed = cluster
         .remove(dp, net)
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;

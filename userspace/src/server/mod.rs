@@ -293,5 +293,6 @@ const fn verb_of(request: &Request) -> &'static str {
         Request::Get { .. } => "get",
         Request::Services {} => "services",
         Request::Policy { .. } => "policy",
+        Request::Bgp {} => "bgp",
     }
 }

@@ -169,6 +169,10 @@ pub enum Command {
     /// policies, affinity hits and the Service maps' fill.
     #[command(alias = "svc")]
     Services,
+    /// The node's BGP sessions (`bgp` mode): peer, role, state, time in
+    /// it, prefixes received and advertised, state changes; then what the
+    /// node announces and the routes it learned (and damping holds out).
+    Bgp,
     /// The NetworkPolicy of this node's pods: which policies select each
     /// pod and its effective rules per direction (ports, peers and the
     /// policies they come from); a pod no policy isolates in a direction

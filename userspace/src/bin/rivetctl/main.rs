@@ -141,6 +141,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         },
         Command::Status => Request::Status {},
         Command::Services => Request::Services {},
+        Command::Bgp => Request::Bgp {},
         Command::Policy { pod } => Request::Policy { pod: pod.clone() },
         Command::Endpoints => Request::EndpointList {},
         Command::Routes => Request::NodeList {},

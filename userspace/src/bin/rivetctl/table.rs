@@ -217,6 +217,7 @@ pub fn print_table(response: &Response, show_all: bool) {
         }
         Response::Objects { items } => print_objects(items),
         Response::Services(list) => print_services(list),
+        Response::Bgp(status) => print_bgp(status),
         Response::Policy(list) => print_policy(list),
         Response::Error(e) => println!("error: {e}"),
     }
@@ -258,6 +259,66 @@ fn print_policy(list: &rivet_api::PolicyList) {
                 }
             }
         }
+    }
+}
+
+fn print_bgp(status: &rivet_api::BgpStatus) {
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "PEER", "AS", "ROLE", "STATE", "SINCE", "RECEIVED", "ADVERTISED", "CHANGES",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for s in &status.sessions {
+        rows.push(vec![
+            s.peer.map_or_else(|| s.name.clone(), |p| p.to_string()),
+            s.peer_as.map_or_else(|| "-".into(), |a| a.to_string()),
+            s.role.clone(),
+            match &s.last_error {
+                Some(e) if s.state != "Established" => format!("{} ({e})", s.state),
+                _ => s.state.clone(),
+            },
+            s.uptime_secs.map_or_else(|| "-".into(), duration_text),
+            s.received.to_string(),
+            s.advertised.to_string(),
+            s.changes.to_string(),
+        ]);
+    }
+    println!(
+        "AS {}  router ID {}{}  speaker {}{}",
+        status.asn,
+        status.router_id,
+        status
+            .cluster_id
+            .map_or_else(String::new, |c| format!("  route reflector (cluster ID {c})")),
+        if status.speaker_up { "up" } else { "NOT ANSWERING" },
+        match status.speaker_restarts {
+            0 => String::new(),
+            n => format!(" (restarted {n} time(s))"),
+        }
+    );
+    if status.sessions.is_empty() {
+        eprintln!("No BGP sessions.");
+    } else {
+        print_columns(&rows);
+    }
+    println!(
+        "announced {}  learned {} route(s)  suppressed by damping {} ({} so far)",
+        status.announced.join(","),
+        status.learned,
+        status.suppressed,
+        status.suppressions
+    );
+}
+
+/// `3d4h`, `5m12s`, `42s`.
+fn duration_text(secs: u64) -> String {
+    match secs {
+        s if s >= 86_400 => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
+        s if s >= 3600 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m{}s", s / 60, s % 60),
+        s => format!("{s}s"),
     }
 }
 
