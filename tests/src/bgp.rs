@@ -148,9 +148,10 @@ impl Tor {
         self.neighbors.push((node_ip, node_as));
     }
 
-    /// Writes its configuration: eBGP with every neighbour, everything
-    /// learned into the kernel's main table (it routes on it), short
-    /// timers for tests.
+    /// Writes its configuration: eBGP with every neighbour (announcing
+    /// its connected subnets and what it learned), everything learned
+    /// into the kernel's main table (it routes on it), short timers for
+    /// tests.
     fn config(&self) -> String {
         let mut s = format!(
             "router id {gw};\nprotocol device {{ scan time 2; }}\nprotocol direct {{ ipv4; }}\n\
@@ -159,7 +160,7 @@ impl Tor {
         );
         for (n, (ip, asn)) in self.neighbors.iter().enumerate() {
             s.push_str(&format!(
-                "protocol bgp n{n} {{\n  local as {me};\n  neighbor {ip} as {asn};\n  hold time 3;\n  keepalive time 1;\n  connect delay time 1;\n  connect retry time 2;\n  error wait time 1, 5;\n  graceful restart on;\n  ipv4 {{ import all; export where source = RTS_BGP; }};\n}}\n",
+                "protocol bgp n{n} {{\n  local as {me};\n  neighbor {ip} as {asn};\n  hold time 3;\n  keepalive time 1;\n  connect delay time 1;\n  connect retry time 2;\n  error wait time 1, 5;\n  graceful restart on;\n  ipv4 {{ import all; export where source ~ [ RTS_BGP, RTS_DEVICE ]; }};\n}}\n",
                 me = self.asn
             ));
         }
