@@ -14,6 +14,7 @@ use rivet_tests::{
     bgp::{Fabric, wait_for},
     capture::Capture,
     continuity::ifindex,
+    metrics::{http_get, sample},
     traffic::{assert_ping, ping, tcp_transfer},
     world::Counter,
 };
@@ -82,8 +83,9 @@ fn all_pods_talk(w: &World, pods: &[usize]) {
 fn three_nodes_in_a_full_mesh_route_natively_on_what_bgp_learned() {
     let mut w = World::new();
     let nodes: Vec<usize> = (0..3).map(|_| w.add_node()).collect();
+    // Sessions signed with TCP MD5.
     for &n in &nodes {
-        start_bgp(&mut w, n, &[]);
+        start_bgp(&mut w, n, &["--bgp-password".into(), "rivet-mesh".into()]);
     }
     // The cluster's nodes (here given through the API, as a store would):
     // peers, not routes.
@@ -120,6 +122,26 @@ fn three_nodes_in_a_full_mesh_route_natively_on_what_bgp_learned() {
     assert!(ctl.ok, "rivetctl bgp: {}", ctl.stderr);
     let out = ctl.stdout;
     assert!(out.contains("Established") && out.contains("learned 2 route(s)"), "{out}");
+    // Prometheus: per peer.
+    let (code, text) = http_get(&w.nodes[nodes[0]].ns, "/metrics");
+    assert_eq!(code, 200);
+    for m in &nodes[1..] {
+        let peer = w.nodes[*m].ip;
+        let labels = format!("{{peer=\"{peer}\",role=\"node\"}}");
+        for (series, want) in [
+            ("rivet_bgp_session_established", 1.0),
+            ("rivet_bgp_prefixes_received", 1.0),
+            ("rivet_bgp_prefixes_advertised", 1.0),
+        ] {
+            assert_eq!(sample(&text, &format!("{series}{labels}")), Some(want), "{series}: {text}");
+        }
+    }
+    assert_eq!(sample(&text, "rivet_bgp_routes_learned"), Some(2.0), "{text}");
+    assert_eq!(sample(&text, "rivet_bgp_speaker_up"), Some(1.0), "{text}");
+    // The speaker's configuration signs every session.
+    let conf = std::fs::read_to_string(w.nodes[nodes[0]].agent_args.state_dir.join("bgp/bird.conf"))
+        .expect("bird.conf");
+    assert_eq!(conf.matches("password \"rivet-mesh\";").count(), 2, "{conf}");
 }
 
 #[test]

@@ -58,6 +58,8 @@ const APT_PACKAGES: &[(&str, &[&str])] = &[
         ],
     ),
     ("containerd", &["/usr/bin/containerd", "/usr/bin/ctr"]),
+    // The BGP speaker of `bgp` mode (and the tests' top-of-rack routers).
+    ("bird2", &["/usr/sbin/bird", "/usr/sbin/birdc"]),
 ];
 
 /// The bpf-linker release that matches aya-ebpf 0.2.1 and LLVM 22.

@@ -12,8 +12,12 @@
 //!   {direction}` (its denied packets are `rivet_drop_packets_total{reason=
 //!   "policy_ingress"|"policy_egress"}`), and per limited pod and direction
 //!   (labels `pod`, `direction`) `rivet_bandwidth_{limit_bits,queued_bytes}`
-//!   and `rivet_bandwidth_{sent_bytes,dropped_packets,delayed_packets}_total`
-//!   — see [`encode`].
+//!   and `rivet_bandwidth_{sent_bytes,dropped_packets,delayed_packets}_total`,
+//!   and in `bgp` mode per session (labels `peer`, `role`)
+//!   `rivet_bgp_session_established`, `rivet_bgp_prefixes_{received,
+//!   advertised}`, `rivet_bgp_session_changes_total`, with
+//!   `rivet_bgp_speaker_up`, `rivet_bgp_routes_{learned,suppressed}` —
+//!   see [`encode`].
 //! - `GET /healthz`: 200 while the agent serves.
 //! - `GET /readyz`: 200 when the datapath is attached and, in cluster mode, the
 //!   store is synced; 503 with the reason otherwise.
@@ -66,7 +70,48 @@ pub struct Snapshot {
     pub policy_allowed: Option<(u64, u64)>,
     /// Each limited direction of each pod.
     pub bandwidth: Vec<rivet_api::BandwidthFigures>,
+    /// `bgp` mode: the speaker and its sessions.
+    pub bgp: Option<rivet_api::BgpStatus>,
 }
+
+/// Per-session BGP figures: (metric, help, type, value).
+type BgpMetric = (
+    &'static str,
+    &'static str,
+    prometheus_client::metrics::MetricType,
+    fn(&rivet_api::BgpSession) -> u64,
+);
+
+/// Figures of each BGP session, labelled `peer`, `role`.
+const BGP_SESSIONS: [BgpMetric; 4] = {
+    use prometheus_client::metrics::MetricType::{Counter, Gauge};
+    [
+        (
+            "rivet_bgp_session_established",
+            "1 while the BGP session is Established, else 0",
+            Gauge,
+            |s| u64::from(s.state == "Established"),
+        ),
+        (
+            "rivet_bgp_prefixes_received",
+            "Prefixes the peer sent that the speaker imported",
+            Gauge,
+            |s| s.received,
+        ),
+        (
+            "rivet_bgp_prefixes_advertised",
+            "Prefixes the speaker advertises to the peer",
+            Gauge,
+            |s| s.advertised,
+        ),
+        (
+            "rivet_bgp_session_changes",
+            "State changes of the session the agent saw",
+            Counter,
+            |s| s.changes,
+        ),
+    ]
+};
 
 /// Per-pod shaping figures: (metric, help, type, value).
 type BandwidthMetric = (
@@ -176,6 +221,49 @@ const SERVICE_FILL: [ServiceFillMetric; 4] = [
 ];
 
 impl Snapshot {
+    /// The BGP metrics ([`BGP_SESSIONS`], the speaker, learned routes).
+    fn encode_bgp(
+        bgp: &rivet_api::BgpStatus,
+        encoder: &mut DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType;
+        for (name, help, kind, pick) in BGP_SESSIONS {
+            let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+            for s in &bgp.sessions {
+                let peer = s.peer.map_or_else(|| s.name.clone(), |p| p.to_string());
+                let labels = [("peer", peer.as_str()), ("role", s.role.as_str())];
+                if matches!(kind, MetricType::Counter) {
+                    ConstCounter::new(pick(s)).encode(metric.encode_family(&labels)?)?;
+                } else {
+                    ConstGauge::new(i64::try_from(pick(s)).unwrap_or(i64::MAX))
+                        .encode(metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        for (name, help, v) in [
+            (
+                "rivet_bgp_speaker_up",
+                "1 while the BGP speaker answers on its control socket",
+                u64::from(bgp.speaker_up),
+            ),
+            (
+                "rivet_bgp_routes_learned",
+                "Routes the speaker learned (its kernel table)",
+                bgp.learned as u64,
+            ),
+            (
+                "rivet_bgp_routes_suppressed",
+                "Learned routes held out of the datapath by flap damping",
+                bgp.suppressed as u64,
+            ),
+        ] {
+            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(
+                encoder.encode_descriptor(name, help, None, MetricType::Gauge)?,
+            )?;
+        }
+        Ok(())
+    }
+
     /// The Service metrics ([`SERVICE_COUNTERS`], [`SERVICE_FILL`]).
     fn encode_services(
         list: &rivet_api::ServiceList,
@@ -326,6 +414,9 @@ impl Collector for Snapshot {
                 }
             }
         }
+        if let Some(bgp) = &self.bgp {
+            Self::encode_bgp(bgp, &mut encoder)?;
+        }
         if let Some((ingress, egress)) = self.policy_allowed {
             let mut metric = encoder.encode_descriptor(
                 "rivet_policy_allowed_flows",
@@ -454,6 +545,14 @@ pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
         .inspect_err(|e| tracing::warn!(error = %e, "policy metrics left out of a scrape"))
         .ok();
     let bandwidth = agent.bandwidth_figures().await;
+    let bgp = match agent.config().bgp {
+        Some(_) => agent
+            .bgp_status()
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "BGP metrics left out of a scrape"))
+            .ok(),
+        None => None,
+    };
     Ok(Snapshot {
         ready: status.ready,
         counters,
@@ -461,6 +560,7 @@ pub async fn snapshot(agent: &Agent) -> Result<Snapshot, String> {
         services,
         policy_allowed,
         bandwidth,
+        bgp,
     })
 }
 
