@@ -93,7 +93,16 @@ impl Fabric {
         let ns = Netns::new(format!("{}-n{i}", self.prefix));
         let port = format!("n{i}");
         tor.ns.ip(&[
-            "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns.name(),
+            "link",
+            "add",
+            &port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
         ]);
         tor.ns.ip(&["link", "set", &port, "master", "rack", "up"]);
         ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);

@@ -121,7 +121,10 @@ fn three_nodes_in_a_full_mesh_route_natively_on_what_bgp_learned() {
     let ctl = rivet_tests::kube::rivetctl(w.nodes[nodes[0]].agent().socket(), &["bgp"], "");
     assert!(ctl.ok, "rivetctl bgp: {}", ctl.stderr);
     let out = ctl.stdout;
-    assert!(out.contains("Established") && out.contains("learned 2 route(s)"), "{out}");
+    assert!(
+        out.contains("Established") && out.contains("learned 2 route(s)"),
+        "{out}"
+    );
     // Prometheus: per peer.
     let (code, text) = http_get(&w.nodes[nodes[0]].ns, "/metrics");
     assert_eq!(code, 200);
@@ -133,15 +136,28 @@ fn three_nodes_in_a_full_mesh_route_natively_on_what_bgp_learned() {
             ("rivet_bgp_prefixes_received", 1.0),
             ("rivet_bgp_prefixes_advertised", 1.0),
         ] {
-            assert_eq!(sample(&text, &format!("{series}{labels}")), Some(want), "{series}: {text}");
+            assert_eq!(
+                sample(&text, &format!("{series}{labels}")),
+                Some(want),
+                "{series}: {text}"
+            );
         }
     }
-    assert_eq!(sample(&text, "rivet_bgp_routes_learned"), Some(2.0), "{text}");
+    assert_eq!(
+        sample(&text, "rivet_bgp_routes_learned"),
+        Some(2.0),
+        "{text}"
+    );
     assert_eq!(sample(&text, "rivet_bgp_speaker_up"), Some(1.0), "{text}");
     // The speaker's configuration signs every session.
-    let conf = std::fs::read_to_string(w.nodes[nodes[0]].agent_args.state_dir.join("bgp/bird.conf"))
-        .expect("bird.conf");
-    assert_eq!(conf.matches("password \"rivet-mesh\";").count(), 2, "{conf}");
+    let conf =
+        std::fs::read_to_string(w.nodes[nodes[0]].agent_args.state_dir.join("bgp/bird.conf"))
+            .expect("bird.conf");
+    assert_eq!(
+        conf.matches("password \"rivet-mesh\";").count(),
+        2,
+        "{conf}"
+    );
 }
 
 #[test]
@@ -186,12 +202,14 @@ fn two_racks_behind_routers_route_natively_with_no_encapsulation() {
                 let got = routes(&w, n);
                 let ok = got.len() == 3
                     && got.iter().all(|r| r.route.as_deref() == Some("native"))
-                    && nodes.iter().enumerate().filter(|(j, _)| j / 2 != i / 2).all(
-                        |(_, &m)| {
+                    && nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| j / 2 != i / 2)
+                        .all(|(_, &m)| {
                             got.iter()
                                 .any(|r| r.subnet == w.nodes[m].pod_cidr && r.node_ip == gw)
-                        },
-                    );
+                        });
                 (ok, got)
             },
         );
@@ -218,7 +236,11 @@ fn two_racks_behind_routers_route_natively_with_no_encapsulation() {
         .filter_map(|f| f.ipv4())
         .filter(|i| i.proto == 4 || (i.proto == 17 && i.ports.1 == 8472))
         .count();
-    assert!(plain >= 4, "pod frames between racks: {plain} of {}", frames.len());
+    assert!(
+        plain >= 4,
+        "pod frames between racks: {plain} of {}",
+        frames.len()
+    );
     assert_eq!(tunnelled, 0, "tunnel frames between racks");
 }
 
@@ -230,7 +252,10 @@ fn route_reflectors_serve_five_nodes() {
     for (i, &n) in nodes.iter().enumerate() {
         let mut extra = vec!["--bgp-reflectors".to_owned(), reflectors.clone()];
         if i < 2 {
-            extra.extend(["--bgp-reflector-cluster-id".to_owned(), "1.0.0.1".to_owned()]);
+            extra.extend([
+                "--bgp-reflector-cluster-id".to_owned(),
+                "1.0.0.1".to_owned(),
+            ]);
         }
         start_bgp(&mut w, n, &extra);
     }
@@ -277,10 +302,14 @@ fn a_stopped_node_is_withdrawn_within_the_hold_time() {
     w.nodes[nodes[2]].ns.ip(&["link", "set", "eth0", "down"]);
     let stopped = Instant::now();
     for &n in &nodes[..2] {
-        wait_for("the stopped node's route withdrawn", Duration::from_secs(10), || {
-            let r = routes(&w, n);
-            (!r.iter().any(|e| e.subnet == gone), r)
-        });
+        wait_for(
+            "the stopped node's route withdrawn",
+            Duration::from_secs(10),
+            || {
+                let r = routes(&w, n);
+                (!r.iter().any(|e| e.subnet == gone), r)
+            },
+        );
     }
     let took = stopped.elapsed();
     eprintln!("withdrawn from both nodes {took:?} after the stop (hold time {HOLD} s)");
@@ -326,7 +355,10 @@ fn a_speaker_restart_with_graceful_restart_loses_no_packet() {
     });
     let result = ping(&w.pods[a].ns, w.pods[b].ip, 800, 0.01);
     killer.join().expect("the speaker killed");
-    assert_eq!(result.received, 800, "pings lost across the restart: {result:?}");
+    assert_eq!(
+        result.received, 800,
+        "pings lost across the restart: {result:?}"
+    );
     // The agent started it again and the session came back.
     wait_for("session re-established", Duration::from_secs(20), || {
         let s = bgp(&w, nodes[0]);

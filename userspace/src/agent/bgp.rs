@@ -84,7 +84,10 @@ impl Agent {
                     if let Err(e) = sync_routes(bgp, cluster, dp) {
                         tracing::warn!(error = %e, "writing the BGP routes");
                     }
-                    tracing::info!(routes = routes.len(), "BGP routes read from the speaker's table");
+                    tracing::info!(
+                        routes = routes.len(),
+                        "BGP routes read from the speaker's table"
+                    );
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reading the speaker's table"),
@@ -144,10 +147,7 @@ impl Agent {
         let Some(bgp) = &state.bgp else {
             return Err(ApiError::new(
                 ErrorKind::BadRequest,
-                format!(
-                    "this node runs in {} mode, not bgp",
-                    self.cfg.mode.as_str()
-                ),
+                format!("this node runs in {} mode, not bgp", self.cfg.mode.as_str()),
             ));
         };
         let (speaker_up, sessions) = match bgp.bird().sessions() {

@@ -279,9 +279,7 @@ impl Agent {
                     .bgp
                     .as_ref()
                     .is_some_and(|b| b.cross_subnet == crate::config::CrossSubnet::Vxlan);
-            if vxlan
-                && let Err(e) = node::vxlan_gro_device(&nl, cfg.vxlan_port).await
-            {
+            if vxlan && let Err(e) = node::vxlan_gro_device(&nl, cfg.vxlan_port).await {
                 tracing::warn!(error = %e, "no idle vxlan device: VXLAN receive GRO depends on the NIC");
             }
             let link = dp.attach(program_names::FROM_UPLINK, &uplink.name, Hook::Ingress)?;
@@ -309,7 +307,11 @@ impl Agent {
         let cfg_store = cfg.has_store();
         let cfg_pin_dir = cfg.pin_dir.clone();
         let mut cluster = Cluster::new(cfg.mode, uplink_net, pod_cidr, node_ip, cfg.vni)
-            .with_cross_subnet(cfg.bgp.as_ref().map_or_else(Default::default, |b| b.cross_subnet));
+            .with_cross_subnet(
+                cfg.bgp
+                    .as_ref()
+                    .map_or_else(Default::default, |b| b.cross_subnet),
+            );
         cluster.restore(&mut dp)?;
         let bgp = match (&cfg.bgp, &uplink, node_ip) {
             (None, ..) => None,
@@ -328,7 +330,11 @@ impl Agent {
                 // Routes in the pinned maps: a speaker that died with the
                 // agent comes back in graceful restart recovery.
                 bgp.ensure_running(!cluster.is_empty() && settings.graceful_restart > 0)?;
-                tracing::info!(asn = settings.asn, sessions = bgp.sessions().len(), "BGP speaker running");
+                tracing::info!(
+                    asn = settings.asn,
+                    sessions = bgp.sessions().len(),
+                    "BGP speaker running"
+                );
                 Some(bgp)
             }
             (Some(_), ..) => return Err(AgentError::BgpNoUplink),

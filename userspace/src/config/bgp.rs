@@ -127,7 +127,9 @@ const fn valid_asn(asn: u32) -> bool {
 }
 
 fn valid_password(p: &str) -> bool {
-    (1..=80).contains(&p.len()) && p.chars().all(|c| c.is_ascii_graphic() && c != '"' && c != '\\')
+    (1..=80).contains(&p.len())
+        && p.chars()
+            .all(|c| c.is_ascii_graphic() && c != '"' && c != '\\')
 }
 
 /// `None` unless the mode is `bgp`; any `bgp_*` key with another mode is
@@ -156,14 +158,21 @@ pub(super) fn bgp(file: &FileConfig, mode: Mode) -> Result<Option<BgpSettings>, 
             return Err(invalid(
                 key,
                 "…",
-                format!("BGP settings need mode = \"bgp\" (mode is {})", mode.as_str()),
+                format!(
+                    "BGP settings need mode = \"bgp\" (mode is {})",
+                    mode.as_str()
+                ),
             ));
         }
         return Ok(None);
     }
     let asn = file.bgp_as.unwrap_or(DEFAULT_BGP_AS);
     if !valid_asn(asn) {
-        return Err(invalid("bgp_as", asn, "must be 1..=4294967294, not 23456 or 65535"));
+        return Err(invalid(
+            "bgp_as",
+            asn,
+            "must be 1..=4294967294, not 23456 or 65535",
+        ));
     }
     let reflectors = file.bgp_reflectors.clone().unwrap_or_default();
     let mesh = file.bgp_mesh.unwrap_or(reflectors.is_empty());
@@ -184,7 +193,11 @@ pub(super) fn bgp(file: &FileConfig, mode: Mode) -> Result<Option<BgpSettings>, 
     }
     let hold_time = file.bgp_hold_time.unwrap_or(DEFAULT_BGP_HOLD_TIME);
     if hold_time < 3 {
-        return Err(invalid("bgp_hold_time", hold_time, "must be at least 3 seconds"));
+        return Err(invalid(
+            "bgp_hold_time",
+            hold_time,
+            "must be at least 3 seconds",
+        ));
     }
     let cross_subnet = match file.bgp_cross_subnet.as_deref() {
         None | Some("none") => CrossSubnet::None,
@@ -252,7 +265,13 @@ mod tests {
         assert_eq!(p.password, None);
         let p: BgpPeer = "10.0.0.1:64512:s3cr:t".parse().expect("valid");
         assert_eq!(p.password.as_deref(), Some("s3cr:t"));
-        for bad in ["10.0.0.1", "10.0.0.1:0", "host:65001", "10.0.0.1:65001:a\"b", "10.0.0.1:x"] {
+        for bad in [
+            "10.0.0.1",
+            "10.0.0.1:0",
+            "host:65001",
+            "10.0.0.1:65001:a\"b",
+            "10.0.0.1:x",
+        ] {
             assert!(bad.parse::<BgpPeer>().is_err(), "{bad}");
         }
     }

@@ -443,9 +443,53 @@ mod tests {
         keys.sort();
         shown.sort();
         assert_eq!(shown, keys, "every key, once, in deploy/rivet.toml");
+        // The BGP keys, checked in bgp mode (the example's mode is vxlan):
+        // consistent, and each the default but for examples of a choice.
+        let resolve = super::super::AgentConfig::resolve;
+        let bgp_of = |f: FileConfig| {
+            resolve(FileConfig {
+                node_name: Some("node1".into()),
+                mode: Some(Mode::Bgp),
+                source: None,
+                kubeconfig: None,
+                ..f
+            })
+            .expect("the example's BGP values resolve")
+            .bgp
+            .expect("bgp settings in bgp mode")
+        };
+        let shown_bgp = bgp_of(file.clone());
+        assert_eq!(
+            super::super::BgpSettings {
+                reflectors: Vec::new(),
+                cluster_id: None,
+                peers: Vec::new(),
+                password: None,
+                advertise: Vec::new(),
+                mesh: true,
+                ..shown_bgp
+            },
+            bgp_of(FileConfig::default()),
+            "deploy/rivet.toml shows a BGP value other than the default"
+        );
+        let file = FileConfig {
+            bgp_as: None,
+            bgp_mesh: None,
+            bgp_reflectors: None,
+            bgp_reflector_cluster_id: None,
+            bgp_peers: None,
+            bgp_password: None,
+            bgp_hold_time: None,
+            bgp_graceful_restart: None,
+            bgp_cross_subnet: None,
+            bgp_advertise: None,
+            bgp_damping: None,
+            bgp_speaker: None,
+            bgp_table: None,
+            ..file
+        };
         // Its values are consistent too (with a node name for the host's),
         // each source's keys with its own.
-        let resolve = super::super::AgentConfig::resolve;
         resolve(FileConfig {
             node_name: Some("node1".into()),
             source: None,

@@ -41,7 +41,8 @@ pub enum TableChange {
 pub struct TableWatch {
     table: u32,
     handle: Handle,
-    events: futures_util::stream::BoxStream<'static, (NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    events:
+        futures_util::stream::BoxStream<'static, (NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
 }
 
 impl TableWatch {
@@ -65,7 +66,11 @@ impl TableWatch {
         let msgs: Vec<RouteMessage> = self
             .handle
             .route()
-            .get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(self.table).build())
+            .get(
+                RouteMessageBuilder::<Ipv4Addr>::new()
+                    .table_id(self.table)
+                    .build(),
+            )
             .execute()
             .try_collect()
             .await

@@ -257,9 +257,8 @@ impl Snapshot {
                 bgp.suppressed as u64,
             ),
         ] {
-            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(
-                encoder.encode_descriptor(name, help, None, MetricType::Gauge)?,
-            )?;
+            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+                .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
         }
         Ok(())
     }

@@ -265,7 +265,14 @@ fn print_policy(list: &rivet_api::PolicyList) {
 fn print_bgp(status: &rivet_api::BgpStatus) {
     let mut rows: Vec<Vec<String>> = vec![
         [
-            "PEER", "AS", "ROLE", "STATE", "SINCE", "RECEIVED", "ADVERTISED", "CHANGES",
+            "PEER",
+            "AS",
+            "ROLE",
+            "STATE",
+            "SINCE",
+            "RECEIVED",
+            "ADVERTISED",
+            "CHANGES",
         ]
         .map(String::from)
         .to_vec(),
@@ -289,10 +296,14 @@ fn print_bgp(status: &rivet_api::BgpStatus) {
         "AS {}  router ID {}{}  speaker {}{}",
         status.asn,
         status.router_id,
-        status
-            .cluster_id
-            .map_or_else(String::new, |c| format!("  route reflector (cluster ID {c})")),
-        if status.speaker_up { "up" } else { "NOT ANSWERING" },
+        status.cluster_id.map_or_else(String::new, |c| format!(
+            "  route reflector (cluster ID {c})"
+        )),
+        if status.speaker_up {
+            "up"
+        } else {
+            "NOT ANSWERING"
+        },
         match status.speaker_restarts {
             0 => String::new(),
             n => format!(" (restarted {n} time(s))"),

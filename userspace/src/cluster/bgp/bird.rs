@@ -144,7 +144,10 @@ pub fn render(c: &SpeakerConfig) -> String {
     let mut s = String::new();
     let keepalive = (c.hold_time / 3).max(1);
     let gr = c.graceful_restart > 0;
-    let _ = writeln!(s, "# Written by rivetd; rewritten whenever its peers change.");
+    let _ = writeln!(
+        s,
+        "# Written by rivetd; rewritten whenever its peers change."
+    );
     let _ = writeln!(s, "router id {};", c.router_id);
     let _ = writeln!(s, "timeformat protocol \"%s\";");
     if gr {
@@ -441,7 +444,9 @@ impl Control {
                 });
             }
             let line = line.trim_end_matches('\n');
-            let code = line.get(..4).filter(|c| c.bytes().all(|b| b.is_ascii_digit()));
+            let code = line
+                .get(..4)
+                .filter(|c| c.bytes().all(|b| b.is_ascii_digit()));
             match (code, line.as_bytes().get(4)) {
                 (Some(code), Some(b' ')) | (Some(code), None) => {
                     text.push_str(line.get(5..).unwrap_or(""));
@@ -605,7 +610,10 @@ mod tests {
             role: Role::Node,
         });
         let text = render(&c);
-        assert!(text.contains("rr client;\n  rr cluster id 1.0.0.1;"), "{text}");
+        assert!(
+            text.contains("rr client;\n  rr cluster id 1.0.0.1;"),
+            "{text}"
+        );
         assert_eq!(text.matches("export filter rivet_reflect;").count(), 2);
         assert_eq!(text.matches("export filter rivet_export;").count(), 1);
     }
@@ -621,13 +629,23 @@ mod tests {
 
     #[test]
     fn protocols_are_parsed_from_birds_reply() {
-        let reply = "Name       Proto      Table      State  Since         Info\n\
-rivet_own  Static     master4    up     1796243237\n\
-node_10_1_1_1 BGP        ---        up     1796243237  Established   \n\
-  BGP state:          Established\n    Neighbor address: 10.1.1.1\n    Neighbor AS:      64512\n\
-   Channel ipv4\n     Routes:         3 imported, 1 exported, 3 preferred\n\
-peer_10_1_1_9 BGP        ---        start  1796243230  Active        Socket: Connection refused\n\
-  BGP state:          Active\n    Neighbor address: 10.1.1.9\n    Neighbor AS:      65001\n    Last error:       Socket: Connection refused\n";
+        let reply = [
+            "Name       Proto      Table      State  Since         Info",
+            "rivet_own  Static     master4    up     1796243237",
+            "node_10_1_1_1 BGP        ---        up     1796243237  Established   ",
+            "  BGP state:          Established",
+            "    Neighbor address: 10.1.1.1",
+            "    Neighbor AS:      64512",
+            "   Channel ipv4",
+            "     Routes:         3 imported, 1 exported, 3 preferred",
+            "peer_10_1_1_9 BGP        ---        start  1796243230  Active        Socket: Connection refused",
+            "  BGP state:          Active",
+            "    Neighbor address: 10.1.1.9",
+            "    Neighbor AS:      65001",
+            "    Last error:       Socket: Connection refused",
+        ]
+        .join("\n");
+        let reply = reply.as_str();
         let p = parse_protocols(reply);
         assert_eq!(p.len(), 2, "{p:?}");
         assert_eq!(p[0].name, "node_10_1_1_1");
@@ -637,6 +655,9 @@ peer_10_1_1_9 BGP        ---        start  1796243230  Active        Socket: Con
         assert_eq!((p[0].received, p[0].advertised), (3, 1));
         assert_eq!(p[1].state, "start");
         assert_eq!(p[1].neighbor_as, Some(65001));
-        assert_eq!(p[1].last_error.as_deref(), Some("Socket: Connection refused"));
+        assert_eq!(
+            p[1].last_error.as_deref(),
+            Some("Socket: Connection refused")
+        );
     }
 }

@@ -121,7 +121,9 @@ mod tests {
         assert!(!d.usable(net(), t0 + Duration::from_secs(5)));
         assert_eq!(d.suppressions, 1);
         assert_eq!(d.suppressed(t0 + Duration::from_secs(5)), 1);
-        let reuse = d.next_reuse(t0 + Duration::from_secs(5)).expect("suppressed");
+        let reuse = d
+            .next_reuse(t0 + Duration::from_secs(5))
+            .expect("suppressed");
         assert!(!d.usable(net(), reuse - Duration::from_millis(100)));
         assert!(d.usable(net(), reuse + Duration::from_millis(100)));
         assert_eq!(d.next_reuse(reuse + Duration::from_secs(1)), None);

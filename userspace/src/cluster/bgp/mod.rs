@@ -222,8 +222,7 @@ impl Bgp {
 
     /// The cluster's nodes are exactly `nodes`; true when anything changed.
     pub fn replace_members(&mut self, nodes: Vec<RemoteNode>) -> bool {
-        let new: BTreeMap<Ipv4Net, RemoteNode> =
-            nodes.into_iter().map(|n| (n.subnet, n)).collect();
+        let new: BTreeMap<Ipv4Net, RemoteNode> = nodes.into_iter().map(|n| (n.subnet, n)).collect();
         let changed = new != self.members;
         self.members = new;
         changed
@@ -294,10 +293,8 @@ impl Bgp {
             out.push(RemoteNode {
                 subnet: *net,
                 node_ip: *hop,
-                vtep_mac: member.map_or_else(
-                    || crate::cluster::node::vtep_mac_for(*hop),
-                    |m| m.vtep_mac,
-                ),
+                vtep_mac: member
+                    .map_or_else(|| crate::cluster::node::vtep_mac_for(*hop), |m| m.vtep_mac),
                 vni: member.map_or(self.default_vni, |m| m.vni),
             });
         }
@@ -309,7 +306,9 @@ impl Bgp {
     /// whose state changed. Returns the sessions now.
     pub fn poll(&mut self) -> Result<Vec<SessionState>, BirdError> {
         if !self.bird.alive() {
-            tracing::warn!("BGP speaker not answering: starting it again in graceful restart recovery");
+            tracing::warn!(
+                "BGP speaker not answering: starting it again in graceful restart recovery"
+            );
             self.restarts += 1;
             self.bird.write_config(&self.render())?;
             self.bird.start(self.settings.graceful_restart > 0)?;
