@@ -67,7 +67,8 @@ enum Cmd {
         /// Leave the namespaces, agents and etcd running for poking.
         #[arg(long)]
         keep: bool,
-        /// Cross-node mode: vxlan, ipip, native, hybrid.
+        /// Cross-node mode: vxlan, ipip, native, hybrid, bgp (two racks
+        /// behind top-of-rack routers).
         #[arg(long, default_value = "vxlan")]
         mode: String,
         /// Number of nodes.

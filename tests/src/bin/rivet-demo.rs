@@ -6,7 +6,10 @@
 //! (or `--keep`). With `--source kubernetes` the cluster lives in the test
 //! API server instead of etcd (`rivet_tests::apiserver`): the nodes' subnets
 //! come from their Node objects, and the Service, the Pods and the policy
-//! are written to the API, not applied with rivetctl.
+//! are written to the API, not applied with rivetctl. With `--mode bgp`:
+//! two racks behind top-of-rack routers (`rivet_tests::bgp::Fabric`), the
+//! nodes' BGP sessions and learned routes, pods across racks, the frames
+//! between the racks.
 
 use std::{process::Command, time::Duration};
 
@@ -15,6 +18,7 @@ use rivet_api::{Request, Response};
 use rivet_tests::{
     World,
     apiserver::ApiServer,
+    bgp::Fabric,
     bin,
     traffic::{iperf3_client, iperf3_server, ping},
 };
@@ -25,7 +29,8 @@ use serde::Deserialize as _;
     about = "rivet demo: nodes and pods in network namespaces, cluster state in etcd or the Kubernetes API"
 )]
 struct Args {
-    /// Cross-node mode: vxlan, ipip, native, hybrid.
+    /// Cross-node mode: vxlan, ipip, native, hybrid, bgp (two racks of
+    /// nodes behind top-of-rack routers, routing on what BGP announces).
     #[arg(long, default_value = "vxlan")]
     mode: String,
     /// Where the cluster lives: etcd, or kubernetes (the test API server).
@@ -288,6 +293,179 @@ fn policy(w: &mut World, feed: &Feed, nodes: &[usize]) {
     rivetctl(&socket, &["policy", "demo/db"]);
 }
 
+/// `--mode bgp`: two racks, each behind a top-of-rack router (BIRD in its
+/// own namespace, eBGP to its nodes and to the other router, no L2 between
+/// racks); every node announces its pod CIDR to its router and routes
+/// natively on what it learns.
+fn bgp_racks(args: &Args) {
+    let per_rack = (args.nodes.clamp(4, 10) + 1) / 2;
+    step(&format!(
+        "building the fabric: 2 racks × {per_rack} node(s), a top-of-rack router each (BIRD, eBGP), no L2 between racks"
+    ));
+    let mut w = World::new();
+    let mut fabric = Fabric::new(&w);
+    let tors = [fabric.add_rack(65101), fabric.add_rack(65102)];
+    fabric.link(tors[0], tors[1]);
+    let mut nodes = Vec::new();
+    for (r, &t) in tors.iter().enumerate() {
+        for _ in 0..per_rack {
+            let n = fabric.add_node(&mut w, t);
+            let asn = 65001 + nodes.len() as u32;
+            fabric.tors[t].peer_with(w.nodes[n].ip, asn);
+            nodes.push((n, r, asn));
+        }
+    }
+    fabric.start();
+    for t in &fabric.tors {
+        println!(
+            "router rack {} AS {}: {} on the rack, namespace {}",
+            t.rack,
+            t.asn,
+            t.gateway,
+            t.ns.name()
+        );
+    }
+    for &(n, r, asn) in &nodes {
+        let tor = &fabric.tors[tors[r]];
+        w.nodes[n].agent_args.extra_args = [
+            "--mode",
+            "bgp",
+            "--bgp-as",
+            &asn.to_string(),
+            "--bgp-peers",
+            &format!("{}:{}", tor.gateway, tor.asn),
+            "--bgp-hold-time",
+            "9",
+        ]
+        .map(String::from)
+        .to_vec();
+        w.start_agent(n);
+        println!(
+            "node {:<14} rack {} AS {asn} uplink {:<15} pod subnet {:<16} peer {}",
+            w.nodes[n].name,
+            r + 1,
+            w.nodes[n].ip,
+            w.nodes[n].pod_cidr,
+            tor.gateway
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    while nodes.iter().any(|&(n, ..)| peers(&w, n) + 1 < nodes.len())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "every node routes to every other pod subnet after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let socket = w.nodes[nodes[0].0].agent().socket().to_owned();
+    step(&format!("rivetctl bgp (node {})", w.nodes[nodes[0].0].name));
+    rivetctl(&socket, &["bgp"]);
+    step(
+        "rivetctl nodes: learned routes, next hop = the rack's router or a rack neighbour, native",
+    );
+    rivetctl(&socket, &["nodes"]);
+    step("router rack 1: the pod subnets it knows, all from BGP");
+    print!(
+        "{}",
+        fabric.tors[tors[0]]
+            .ns
+            .ip(&["route", "show", "proto", "bird"])
+    );
+
+    step("creating one pod per node");
+    let pods: Vec<usize> = nodes.iter().map(|&(n, ..)| w.add_pod(n)).collect();
+    for &p in &pods {
+        println!(
+            "pod {:<20} on {:<14} ip {}",
+            w.pods[p].name, w.nodes[w.pods[p].node].name, w.pods[p].ip
+        );
+    }
+    let link = rivet_tests::continuity::ifindex(&fabric.tors[tors[0]].ns, "to2");
+    let capture = rivet_tests::capture::Capture::start(&fabric.tors[tors[0]].ns, link)
+        .expect("capturing between the racks");
+    step("ping: every pod to every other pod (same rack and across racks)");
+    let rack_of = |p: usize| {
+        nodes
+            .iter()
+            .find(|(n, ..)| *n == w.pods[p].node)
+            .map(|x| x.1)
+    };
+    let (mut ok, mut total) = (0, 0);
+    for &a in &pods {
+        for &b in &pods {
+            if a == b {
+                continue;
+            }
+            let r = ping(&w.pods[a].ns, w.pods[b].ip, 2, 0.05);
+            total += 1;
+            if r.received == r.sent {
+                ok += 1;
+            }
+            println!(
+                "{} {:>13} -> {:<13} {}/{} replies, avg {:.3} ms",
+                if rack_of(a) == rack_of(b) {
+                    "same rack   "
+                } else {
+                    "across racks"
+                },
+                w.pods[a].ip,
+                w.pods[b].ip,
+                r.received,
+                r.sent,
+                r.avg_ms.unwrap_or(f64::NAN)
+            );
+        }
+    }
+    println!("{ok}/{total} pairs answered every ping");
+    let (a, b) = (pods[0], pods[pods.len() - 1]);
+    step(&format!("iperf3 {} s across racks", args.secs));
+    let server = iperf3_server(&w.pods[b].ns, 5201, Some(1));
+    let res = iperf3_client(&w.pods[a].ns, w.pods[b].ip, 5201, args.secs, 1, Some(0));
+    drop(server);
+    println!(
+        "{} -> {}: {:.2} Gbit/s, {} retransmits",
+        w.pods[a].ip,
+        w.pods[b].ip,
+        res.bits_per_second / 1e9,
+        res.retransmits
+    );
+    let frames = capture.stop().expect("capture").frames;
+    let ips: Vec<_> = frames.iter().filter_map(|f| f.ipv4()).collect();
+    let pod_ips: Vec<_> = pods.iter().map(|&p| w.pods[p].ip).collect();
+    let plain = ips
+        .iter()
+        .filter(|i| pod_ips.contains(&i.src) && pod_ips.contains(&i.dst))
+        .count();
+    let tunnelled = ips
+        .iter()
+        .filter(|i| i.proto == 4 || (i.proto == 17 && i.ports.1 == 8472))
+        .count();
+    step("on the wire between the racks");
+    println!(
+        "{} frames captured: {plain} plain IP between pod addresses, {tunnelled} VXLAN/IPIP",
+        frames.len()
+    );
+    step(&format!(
+        "rivetctl stats (node {}: fwd_native = routed on what BGP learned)",
+        w.nodes[nodes[0].0].name
+    ));
+    rivetctl(&socket, &["stats"]);
+    if args.keep {
+        step("--keep: leaving everything up");
+        println!(
+            "namespaces and agents stay (prefix {}); the routers end with this program",
+            w.prefix
+        );
+        w.keep();
+    } else {
+        step("cleaning up (agents and speakers stopped, routers stopped, namespaces deleted)");
+    }
+    drop(fabric);
+}
+
 fn peers(w: &World, n: usize) -> usize {
     match w.nodes[n].agent().client().call(&Request::NodeList {}) {
         Ok(Response::Nodes { nodes }) => nodes.len(),
@@ -297,9 +475,17 @@ fn peers(w: &World, n: usize) -> usize {
 
 fn main() {
     let args = Args::parse();
-    if !["vxlan", "ipip", "native", "hybrid"].contains(&args.mode.as_str()) {
-        eprintln!("--mode must be vxlan, ipip, native or hybrid");
+    if !["vxlan", "ipip", "native", "hybrid", "bgp"].contains(&args.mode.as_str()) {
+        eprintln!("--mode must be vxlan, ipip, native, hybrid or bgp");
         std::process::exit(2);
+    }
+    if args.mode == "bgp" {
+        if args.source != "etcd" {
+            eprintln!("--mode bgp builds its own fabric: no --source");
+            std::process::exit(2);
+        }
+        bgp_racks(&args);
+        return;
     }
     if !["etcd", "kubernetes"].contains(&args.source.as_str()) {
         eprintln!("--source must be etcd or kubernetes");
