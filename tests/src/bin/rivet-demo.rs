@@ -298,7 +298,7 @@ fn policy(w: &mut World, feed: &Feed, nodes: &[usize]) {
 /// racks); every node announces its pod CIDR to its router and routes
 /// natively on what it learns.
 fn bgp_racks(args: &Args) {
-    let per_rack = (args.nodes.clamp(4, 10) + 1) / 2;
+    let per_rack = args.nodes.clamp(4, 10).div_ceil(2);
     step(&format!(
         "building the fabric: 2 racks × {per_rack} node(s), a top-of-rack router each (BIRD, eBGP), no L2 between racks"
     ));
