@@ -22,6 +22,7 @@ use serde::Serialize;
 use rivet_tests::{Netns, World};
 
 pub mod bandwidth;
+pub mod bgp;
 pub mod cni;
 pub mod conn;
 pub mod control;

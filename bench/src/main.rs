@@ -11,8 +11,8 @@ use rivet_bench::{self as bench, Machine, Options};
     about = "rivet benchmarks (interleaved variants, medians, ratios to a same-run baseline)"
 )]
 struct Args {
-    /// Which benchmarks (default: all but `services`, `policy` and
-    /// `bandwidth`, which run when named).
+    /// Which benchmarks (default: all but `services`, `policy`,
+    /// `bandwidth` and `bgp`, which run when named).
     #[arg(value_enum)]
     which: Vec<Which>,
     /// Measured rounds (each variant once per round, interleaved; default
@@ -83,6 +83,11 @@ enum Which {
     /// ping latency under load, CPU per GB, at 10/100/1000 Mbit/s × 1 and
     /// 4 streams × egress and ingress.
     Bandwidth,
+    /// `bgp` mode: announce/withdraw to every datapath at 10 and 50
+    /// nodes, mesh vs route reflectors; a stopped node's withdrawal;
+    /// agent and speaker memory at 50 peers; throughput across racks vs
+    /// the fabric's host-to-host path and vs rivet VXLAN.
+    Bgp,
 }
 
 fn main() {
@@ -117,7 +122,7 @@ fn main() {
             // Not `services`: kube-proxy's tables alone take minutes to
             // load at 10,000 Services and more; it runs when named. Nor
             // `policy` (about 15 minutes at up to 10,000 rules), nor
-            // `bandwidth` (about 20 minutes).
+            // `bandwidth` (about 20 minutes), nor `bgp` (50-node worlds).
         ]
     } else {
         args.which
@@ -184,6 +189,8 @@ fn main() {
                 };
                 bench::bandwidth::run(&opts, &sizes)
             }
+            // A smoke run: 10 nodes only.
+            Which::Bgp => bench::bgp::run(&opts, if args.quick { &[10] } else { &[10, 50] }),
             Which::Nat => bench::nat::run(
                 &opts,
                 // Every size up to 10k in a smoke run too, with short
