@@ -211,7 +211,7 @@ impl Cluster {
         };
         reconfigure(&[node.pod_cidr.clone(), extra.clone()]);
         let up = self.until_all(&extra, true);
-        reconfigure(&[node.pod_cidr.clone()]);
+        reconfigure(std::slice::from_ref(&node.pod_cidr));
         let down = self.until_all(&extra, false);
         (up, down)
     }
