@@ -455,3 +455,80 @@ fn a_flapping_peer_does_not_make_the_datapath_thrash() {
     assert_eq!(&seen[seen.len() - 4..], &[0, 0, 0, 0], "{seen:?}");
     assert_eq!(seen.iter().filter(|n| **n == 1).count(), 2, "{seen:?}");
 }
+
+#[test]
+fn mesh_peers_come_from_etcd_and_agent_restarts_move_no_session() {
+    let mut w = World::new();
+    w.start_etcd();
+    let nodes: Vec<usize> = (0..3).map(|_| w.add_etcd_node("bgp", 10)).collect();
+    for &n in &nodes {
+        let expect: Vec<_> = nodes
+            .iter()
+            .filter(|&&m| m != n)
+            .map(|&m| (w.nodes[m].pod_cidr.clone(), w.nodes[m].ip, "native"))
+            .collect();
+        wait_routes(&w, n, &expect);
+    }
+    let (a, b) = (w.add_pod(nodes[0]), w.add_pod(nodes[1]));
+    assert_ping(&w.pods[a].ns, w.pods[b].ip, 2);
+    let pid_file = w.nodes[nodes[0]].agent_args.state_dir.join("bgp/bird.pid");
+    let speaker = std::fs::read_to_string(&pid_file).expect("the speaker's PID");
+    let before = bgp(&w, nodes[0]);
+    assert!(
+        before.sessions.iter().all(|s| s.state == "Established"),
+        "{before:?}"
+    );
+    // 600 pings at 10 ms while node 1's agent is killed, started, stopped
+    // and started again.
+    let ns = w.pods[b].ns.name().to_owned();
+    let dst = w.pods[a].ip;
+    let pinger = std::thread::spawn(move || {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .args([
+                "--",
+                "ping",
+                "-q",
+                "-c",
+                "600",
+                "-i",
+                "0.01",
+                &dst.to_string(),
+            ])
+            .output()
+            .expect("ping");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let agent = w.nodes[nodes[0]].agent_mut();
+    agent.stop_with(nix::sys::signal::Signal::SIGKILL);
+    agent.restart();
+    agent.stop();
+    agent.restart();
+    let summary = pinger.join().expect("pinger");
+    assert!(
+        summary.contains("600 packets transmitted, 600 received"),
+        "pings across the agent restarts: {summary}"
+    );
+    let after = bgp(&w, nodes[0]);
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).expect("the speaker's PID"),
+        speaker,
+        "the speaker was restarted"
+    );
+    assert_eq!(after.speaker_restarts, 0);
+    for s in &after.sessions {
+        let was = before
+            .sessions
+            .iter()
+            .find(|x| x.name == s.name)
+            .unwrap_or_else(|| panic!("session {} is new: {after:?}", s.name));
+        assert_eq!(s.state, "Established", "{after:?}");
+        assert!(
+            s.uptime_secs >= was.uptime_secs,
+            "session {} was reset: {was:?} → {s:?}",
+            s.name
+        );
+    }
+    assert_eq!(routes(&w, nodes[0]).len(), 2);
+}

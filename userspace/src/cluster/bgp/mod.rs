@@ -50,6 +50,11 @@ pub fn paths(state_dir: &Path) -> BirdPaths {
     BirdPaths::in_dir(&state_dir.join("bgp"))
 }
 
+/// The cluster's nodes as last known, kept beside the speaker's files: a
+/// restarted agent renders the same configuration before its source has
+/// synced, so the running speaker keeps every session.
+const MEMBERS_FILE: &str = "members.json";
+
 /// This node's BGP state: its peers and what it learned.
 pub struct Bgp {
     settings: BgpSettings,
@@ -67,6 +72,7 @@ pub struct Bgp {
     pub changes: BTreeMap<String, u64>,
     /// Times the speaker was found dead and started again.
     pub restarts: u64,
+    members_file: std::path::PathBuf,
 }
 
 /// What the node knows of itself that the speaker needs.
@@ -86,7 +92,8 @@ pub struct NodeFacts<'a> {
 }
 
 impl Bgp {
-    /// The state of a node with `settings`; nothing started yet.
+    /// The state of a node with `settings`, with the cluster's nodes a
+    /// previous agent knew; nothing started yet.
     pub fn new(settings: BgpSettings, facts: &NodeFacts<'_>) -> Self {
         let mut announce = vec![facts.pod_cidr];
         announce.extend(settings.advertise.iter().copied());
@@ -103,12 +110,22 @@ impl Bgp {
             cluster_id: settings.cluster_id,
             sessions: Vec::new(),
         };
+        let members_file = facts.state_dir.join("bgp").join(MEMBERS_FILE);
+        let members = std::fs::read(&members_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<rivet_api::NodeEntry>>(&b).ok())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| RemoteNode::from_entry(e, facts.vni).ok())
+            .map(|n| (n.subnet, n))
+            .collect();
         Self {
             bird: Bird::new(settings.speaker.clone(), paths(facts.state_dir)),
             settings,
             base,
             default_vni: facts.vni,
-            members: BTreeMap::new(),
+            members,
+            members_file,
             learned: BTreeMap::new(),
             damping: Damping::default(),
             seen: BTreeMap::new(),
@@ -212,12 +229,14 @@ impl Bgp {
 
     /// A node of the cluster added or changed; true when the peers changed.
     pub fn put_member(&mut self, node: RemoteNode) -> bool {
-        self.members.insert(node.subnet, node.clone()) != Some(node)
+        let changed = self.members.insert(node.subnet, node.clone()) != Some(node);
+        self.save_members(changed)
     }
 
     /// A node of the cluster gone; true when it was known.
     pub fn remove_member(&mut self, subnet: Ipv4Net) -> bool {
-        self.members.remove(&subnet).is_some()
+        let changed = self.members.remove(&subnet).is_some();
+        self.save_members(changed)
     }
 
     /// The cluster's nodes are exactly `nodes`; true when anything changed.
@@ -225,6 +244,27 @@ impl Bgp {
         let new: BTreeMap<Ipv4Net, RemoteNode> = nodes.into_iter().map(|n| (n.subnet, n)).collect();
         let changed = new != self.members;
         self.members = new;
+        self.save_members(changed)
+    }
+
+    /// Writes the members when `changed` (atomically; a failure is logged:
+    /// the speaker is configured either way). Returns `changed`.
+    fn save_members(&self, changed: bool) -> bool {
+        if changed {
+            let entries: Vec<rivet_api::NodeEntry> = self
+                .members
+                .values()
+                .map(|m| m.entry(rivet_common::route_mode::NATIVE))
+                .collect();
+            let tmp = self.members_file.with_extension("json.tmp");
+            let written = serde_json::to_vec(&entries)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(&tmp, b))
+                .and_then(|()| std::fs::rename(&tmp, &self.members_file));
+            if let Err(e) = written {
+                tracing::warn!(file = %self.members_file.display(), error = %e, "keeping the cluster's nodes for a restart");
+            }
+        }
         changed
     }
 
