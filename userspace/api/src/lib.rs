@@ -226,6 +226,9 @@ pub struct BgpStatus {
     pub suppressed: usize,
     /// Suppressions so far.
     pub suppressions: u64,
+    /// Datapath route entries written or removed because of BGP.
+    #[serde(default)]
+    pub route_changes: u64,
 }
 
 /// One BGP session.

@@ -22,13 +22,16 @@ use crate::{
 /// How often the sessions are polled.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Makes `ROUTES` what BGP says now (learned, unsuppressed).
+/// Makes `ROUTES` what BGP says now (learned, unsuppressed), counting
+/// the entries it changed.
 pub(super) fn sync_routes(
     bgp: &mut Bgp,
     cluster: &mut Cluster,
     dp: &mut Datapath,
 ) -> Result<(), ClusterError> {
-    cluster.replace_all(dp, bgp.routes())
+    let changed = cluster.replace_all(dp, bgp.routes())?;
+    bgp.route_changes += changed as u64;
+    Ok(())
 }
 
 /// The cluster store's nodes: in `bgp` mode they are peers.
@@ -179,6 +182,7 @@ impl Agent {
             learned: bgp.learned(),
             suppressed: bgp.suppressed(),
             suppressions: bgp.suppressions(),
+            route_changes: bgp.route_changes,
         })
     }
 }

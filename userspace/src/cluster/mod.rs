@@ -319,12 +319,14 @@ impl Cluster {
         Ok(true)
     }
 
-    /// Makes the set of nodes exactly `nodes` (a full resync).
+    /// Makes the set of nodes exactly `nodes` (a full resync); returns
+    /// how many entries it changed.
     pub fn replace_all(
         &mut self,
         dp: &mut Datapath,
         nodes: Vec<RemoteNode>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<usize, ClusterError> {
+        let mut changed = 0;
         let keep: Vec<Ipv4Net> = nodes.iter().map(|n| n.subnet).collect();
         let stale: Vec<Ipv4Net> = self
             .nodes
@@ -333,11 +335,11 @@ impl Cluster {
             .copied()
             .collect();
         for s in stale {
-            self.remove(dp, s)?;
+            changed += usize::from(self.remove(dp, s)?);
         }
         for n in nodes {
-            self.upsert(dp, n)?;
+            changed += usize::from(self.upsert(dp, n)?);
         }
-        Ok(())
+        Ok(changed)
     }
 }

@@ -72,6 +72,8 @@ pub struct Bgp {
     pub changes: BTreeMap<String, u64>,
     /// Times the speaker was found dead and started again.
     pub restarts: u64,
+    /// `ROUTES` entries written or removed because of BGP.
+    pub route_changes: u64,
     members_file: std::path::PathBuf,
 }
 
@@ -131,6 +133,7 @@ impl Bgp {
             seen: BTreeMap::new(),
             changes: BTreeMap::new(),
             restarts: 0,
+            route_changes: 0,
         }
     }
 
