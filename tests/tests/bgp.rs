@@ -313,8 +313,10 @@ fn a_stopped_node_is_withdrawn_within_the_hold_time() {
     }
     let took = stopped.elapsed();
     eprintln!("withdrawn from both nodes {took:?} after the stop (hold time {HOLD} s)");
+    // The hold timer, not a faster path (there is none without a FIN) nor
+    // a slower one: gone within the hold time and a little slack.
     assert!(
-        took <= Duration::from_secs(u64::from(HOLD) + 1),
+        took <= Duration::from_secs(u64::from(HOLD) + 2),
         "withdrawal took {took:?}"
     );
     // The others still route to each other.
