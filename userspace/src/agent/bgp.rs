@@ -1,7 +1,9 @@
 //! `bgp` mode in the agent: the speaker started (or adopted) at start-up,
 //! the cluster's nodes as its peers, and the routes it learns into
 //! `ROUTES` — from the speaker's kernel table, watched through netlink, so
-//! a BGP update reaches the datapath within milliseconds. Once a second
+//! a BGP update reaches the datapath within milliseconds (a burst of
+//! changes is one write; the table is read whole at start, after an
+//! overrun, and every 10 s). Once a second
 //! the sessions are polled: a dead speaker is started again in graceful
 //! restart recovery and every session change is logged and counted.
 
@@ -21,6 +23,9 @@ use crate::{
 
 /// How often the sessions are polled.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the whole table is read again (changes lost on the way are
+/// also caught at once, when the kernel reports an overrun).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Makes `ROUTES` what BGP says now (learned, unsuppressed), counting
 /// the entries it changed.
@@ -76,26 +81,10 @@ impl Agent {
                 return;
             }
         };
-        match watch.dump().await {
-            Ok(routes) => {
-                let mut state = self.lock().await;
-                let NodeState {
-                    dp, cluster, bgp, ..
-                } = &mut *state;
-                if let Some(bgp) = bgp {
-                    bgp.learned_all(routes.iter().map(|r| (r.dst, r.gateway)));
-                    if let Err(e) = sync_routes(bgp, cluster, dp) {
-                        tracing::warn!(error = %e, "writing the BGP routes");
-                    }
-                    tracing::info!(
-                        routes = routes.len(),
-                        "BGP routes read from the speaker's table"
-                    );
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "reading the speaker's table"),
-        }
+        self.resync_bgp(&mut watch).await;
         let mut poll = tokio::time::interval(POLL_INTERVAL);
+        let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+        resync.tick().await;
         loop {
             let reuse = {
                 let state = self.lock().await;
@@ -107,17 +96,30 @@ impl Agent {
             );
             tokio::select! {
                 change = watch.next() => {
-                    let Some(change) = change else {
+                    let Some(first) = change else {
                         tracing::error!("the BGP route watch ended");
                         self.note_error("BGP: the route watch ended".into());
                         return;
                     };
+                    // The whole burst, then one write of the datapath.
+                    let mut changes = vec![first];
+                    while let Some(more) = watch.pending() {
+                        changes.push(more);
+                    }
+                    if changes.contains(&TableChange::Lost) {
+                        tracing::warn!("BGP route changes were lost (netlink overrun): reading the table again");
+                        self.resync_bgp(&mut watch).await;
+                        continue;
+                    }
                     let mut state = self.lock().await;
                     let NodeState { dp, cluster, bgp, .. } = &mut *state;
                     let Some(bgp) = bgp else { return };
-                    match change {
-                        TableChange::Put(r) => bgp.learned_put(r.dst, r.gateway),
-                        TableChange::Removed(net) => bgp.learned_removed(net),
+                    for change in changes {
+                        match change {
+                            TableChange::Put(r) => bgp.learned_put(r.dst, r.gateway),
+                            TableChange::Removed(net) => bgp.learned_removed(net),
+                            TableChange::Lost => {}
+                        }
                     }
                     if let Err(e) = sync_routes(bgp, cluster, dp) {
                         tracing::warn!(error = %e, "writing the BGP routes");
@@ -132,6 +134,7 @@ impl Agent {
                         tracing::warn!(error = %e, "writing the BGP routes");
                     }
                 }
+                _ = resync.tick() => self.resync_bgp(&mut watch).await,
                 _ = poll.tick() => {
                     let mut state = self.lock().await;
                     if let Some(bgp) = &mut state.bgp
@@ -141,6 +144,30 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Reads the speaker's whole table and makes ROUTES follow it (at
+    /// start, after lost changes, and every [`RESYNC_INTERVAL`]).
+    async fn resync_bgp(&self, watch: &mut TableWatch) {
+        match watch.dump().await {
+            Ok(routes) => {
+                let mut state = self.lock().await;
+                let NodeState {
+                    dp, cluster, bgp, ..
+                } = &mut *state;
+                if let Some(bgp) = bgp {
+                    bgp.learned_all(routes.iter().map(|r| (r.dst, r.gateway)));
+                    if let Err(e) = sync_routes(bgp, cluster, dp) {
+                        tracing::warn!(error = %e, "writing the BGP routes");
+                    }
+                    tracing::debug!(
+                        routes = routes.len(),
+                        "BGP routes read from the speaker's table"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the speaker's table"),
         }
     }
 

@@ -35,7 +35,13 @@ pub enum TableChange {
     Put(TableRoute),
     /// The route to this destination removed.
     Removed(Ipv4Net),
+    /// The kernel dropped changes (the socket overran): dump again.
+    Lost,
 }
+
+/// The subscription's receive buffer: a burst of thousands of route
+/// changes fits.
+const RECEIVE_BUFFER: usize = 4 << 20;
 
 /// A watch of one table; opened in the calling thread's namespace.
 pub struct TableWatch {
@@ -50,15 +56,22 @@ impl TableWatch {
     /// between the dump and the first change).
     pub fn open(table: u32) -> Result<Self, ConnectError> {
         let (mut conn, handle, events) = rtnetlink::new_connection()?;
-        conn.socket_mut()
-            .socket_mut()
-            .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_IPV4_ROUTE))?;
+        let socket = conn.socket_mut().socket_mut();
+        socket.bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_IPV4_ROUTE))?;
+        socket.set_rx_buf_sz(RECEIVE_BUFFER)?;
         tokio::spawn(conn);
         Ok(Self {
             table,
             handle,
             events: events.boxed(),
         })
+    }
+
+    /// The next change if one is queued already (a burst is taken whole
+    /// before the datapath is written).
+    pub fn pending(&mut self) -> Option<TableChange> {
+        use futures_util::FutureExt as _;
+        self.next().now_or_never().flatten()
     }
 
     /// Every unicast route of the table now.
@@ -82,12 +95,15 @@ impl TableWatch {
             .collect())
     }
 
-    /// The next change of the table; `None` when the socket is gone.
+    /// The next change of the table, waiting for one; `None` when the
+    /// socket is gone.
     pub async fn next(&mut self) -> Option<TableChange> {
         loop {
             let (msg, _) = self.events.next().await?;
-            let NetlinkPayload::InnerMessage(inner) = msg.payload else {
-                continue;
+            let inner = match msg.payload {
+                NetlinkPayload::InnerMessage(inner) => inner,
+                NetlinkPayload::Overrun(_) => return Some(TableChange::Lost),
+                _ => continue,
             };
             match inner {
                 RouteNetlinkMessage::NewRoute(m) if table_of(&m) == self.table => {
