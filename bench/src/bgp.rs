@@ -59,6 +59,57 @@ const REAL: usize = 3;
 /// The route reflectors' cluster ID.
 const CLUSTER_ID: &str = "1.0.0.1";
 
+/// The kernel's ARP table is one for every network namespace: a world of
+/// 50 nodes in a mesh needs 50 × 49 neighbours on one kernel (separate
+/// machines would each hold 49), beyond the default `gc_thresh3` of 1,024
+/// ("neighbor table overflow": sessions stuck in Connect). Raised for the
+/// run, put back when it ends (also on a panic), reported with the other
+/// kernel settings.
+struct NeighbourTable {
+    old: Vec<(&'static str, String)>,
+}
+
+/// The thresholds and the values of the run.
+const NEIGHBOUR_THRESHOLDS: [(&str, &str); 2] = [
+    ("/proc/sys/net/ipv4/neigh/default/gc_thresh2", "8192"),
+    ("/proc/sys/net/ipv4/neigh/default/gc_thresh3", "16384"),
+];
+
+impl NeighbourTable {
+    fn raise() -> Self {
+        let mut old = Vec::new();
+        for (path, value) in NEIGHBOUR_THRESHOLDS {
+            let was = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+                .trim()
+                .to_owned();
+            std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+            old.push((path, was));
+        }
+        Self { old }
+    }
+
+    /// `gc_thresh2 = a → b` for the report.
+    fn describe(&self) -> String {
+        self.old
+            .iter()
+            .zip(NEIGHBOUR_THRESHOLDS)
+            .map(|((path, was), (_, now))| {
+                format!("{} {was} → {now}", path.rsplit('/').next().unwrap_or(path))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl Drop for NeighbourTable {
+    fn drop(&mut self) {
+        for (path, was) in &self.old {
+            let _ = std::fs::write(path, was);
+        }
+    }
+}
+
 /// One convergence world.
 struct Cluster {
     w: World,
@@ -162,13 +213,27 @@ impl Cluster {
         c
     }
 
-    /// Waits until every rivet node routes every other node's pod CIDR.
+    /// Waits until every rivet node routes every other node's pod CIDR;
+    /// on a timeout, what the lagging nodes' speakers say is printed.
     fn wait_all(&self, timeout: Duration) -> Duration {
         let n = self.w.nodes.len();
-        wait_for("every route in every rivet node", timeout, || {
+        let start = Instant::now();
+        loop {
             let counts: Vec<usize> = (0..REAL).map(|r| routes(&self.w, r).len()).collect();
-            (counts.iter().all(|c| *c == n - 1), counts)
-        })
+            if counts.iter().all(|c| *c == n - 1) {
+                return start.elapsed();
+            }
+            if start.elapsed() > timeout {
+                for (r, c) in counts.iter().enumerate() {
+                    if *c != n - 1 {
+                        let status = self.w.nodes[r].agent().client().call(&Request::Bgp {});
+                        eprintln!("rivet node {r}: {c} routes; {status:?}");
+                    }
+                }
+                panic!("every route in every rivet node: not after {timeout:?}: {counts:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Milliseconds until `present(subnet)` holds in all three rivet nodes.
@@ -374,6 +439,11 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         ..Report::default()
     };
     let samples = opts.pick(20, 4);
+    let neighbours = NeighbourTable::raise();
+    report.notes.push(format!(
+        "kernel (global, every namespace): ARP table {} for the run, restored after",
+        neighbours.describe()
+    ));
     for &n in sizes {
         let clusters: Vec<(&str, Cluster)> = TOPOLOGIES
             .iter()
@@ -443,6 +513,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         bird_version()
     ));
     drop(racks);
+    drop(neighbours);
     report
 }
 
