@@ -46,7 +46,7 @@ use rivet_tests::{
     traffic::{ChildGuard, iperf3_client, iperf3_server},
 };
 
-use crate::{Options, Report, percentile, progress, rotated};
+use crate::{Options, Report, percentile, progress, rotated, rss_mib};
 
 /// The convergence topologies.
 const TOPOLOGIES: [&str; 2] = ["mesh", "reflectors"];
@@ -318,17 +318,6 @@ fn peers_of(conf: &std::path::Path) -> Vec<Ipv4Addr> {
         .collect()
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
 /// The throughput world: racks, two `bgp` nodes and two `vxlan` nodes, a
 /// pod on each.
 struct Racks {
@@ -354,17 +343,7 @@ impl Racks {
         fabric.tors[t2].peer_with(w.nodes[b].ip, 65002);
         fabric.start();
         for (n, t, asn) in [(a, t1, 65001), (b, t2, 65002)] {
-            let tor = &fabric.tors[t];
-            w.nodes[n].agent_args.extra_args = [
-                "--mode",
-                "bgp",
-                "--bgp-as",
-                &asn.to_string(),
-                "--bgp-peers",
-                &format!("{}:{}", tor.gateway, tor.asn),
-            ]
-            .map(String::from)
-            .to_vec();
+            w.nodes[n].agent_args.extra_args = fabric.tors[t].node_flags(asn, &[]);
             w.start_agent(n);
         }
         for n in [c, d] {

@@ -58,7 +58,7 @@ use rivet_common::{
 };
 use serde_json::{Value, json};
 
-use crate::{Options, Report, percentile, progress};
+use crate::{Options, Report, percentile, progress, rss_mib};
 use rivet_tests::{Netns, World, apiserver::node_object, traffic::ChildGuard, unique_prefix};
 
 /// Entries per bulk measurement (routes: capped by the ROUTES map's size).
@@ -1076,18 +1076,6 @@ fn poll_every(
         }
         std::thread::sleep(period);
     }
-}
-
-/// The agent's resident memory (VmRSS) in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 /// A `kB` field of `/proc/<pid>/<file>` in MiB (NaN when absent).

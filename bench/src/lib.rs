@@ -57,6 +57,19 @@ impl Options {
     }
 }
 
+/// A process's resident memory (VmRSS) in MiB; NaN when it cannot be
+/// read (the process is gone).
+pub fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
 /// One-line progress on stderr (overwritten in place).
 pub fn progress(text: &str) {
     use std::io::Write as _;

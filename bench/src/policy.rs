@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use crate::{
     Options, Report,
     conn::{connection_loop, one_byte_server},
-    iperf3_cpu, percentile, progress,
+    iperf3_cpu, percentile, progress, rss_mib,
 };
 use rivet_api::{Request, Response};
 use rivet_tests::{
@@ -424,18 +424,6 @@ fn process_cpu_ns(pid: u32) -> u64 {
                 .ok()
         })
         .sum()
-}
-
-/// The agent's resident memory (VmRSS) in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 // ------------------------------------------------------------ the nodes

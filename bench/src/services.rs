@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use crate::{
     Options, Report,
     conn::{connection_loop, one_byte_server},
-    iperf3_cpu, percentile, progress,
+    iperf3_cpu, percentile, progress, rss_mib,
 };
 use rivet_tests::{
     Netns, World, bin,
@@ -834,18 +834,6 @@ fn diagnose(ctx: &Ctx, v: Var) -> String {
     ]
     .concat();
     text.lines().take(200).collect::<Vec<_>>().join("\n")
-}
-
-/// The agent's resident memory (VmRSS) in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 /// The last line of the agent's log that says `what`.

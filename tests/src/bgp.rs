@@ -152,6 +152,21 @@ impl Fabric {
 }
 
 impl Tor {
+    /// A rack node's agent flags: `bgp` mode in AS `node_as`, peering with
+    /// this router only (`extra` appended).
+    pub fn node_flags(&self, node_as: u32, extra: &[&str]) -> Vec<String> {
+        let mut flags = vec![
+            "--mode".to_owned(),
+            "bgp".to_owned(),
+            "--bgp-as".to_owned(),
+            node_as.to_string(),
+            "--bgp-peers".to_owned(),
+            format!("{}:{}", self.gateway, self.asn),
+        ];
+        flags.extend(extra.iter().map(|f| (*f).to_owned()));
+        flags
+    }
+
     /// Adds a node of its rack as an eBGP neighbour (before [`Tor::start`]).
     pub fn peer_with(&mut self, node_ip: Ipv4Addr, node_as: u32) {
         self.neighbors.push((node_ip, node_as));

@@ -46,6 +46,23 @@ fn start_bgp(w: &mut World, n: usize, extra: &[String]) {
     w.start_agent(n);
 }
 
+/// `count` nodes on one underlay in a full mesh (told of each other
+/// through the API, as by a store), each routing the others' pod CIDRs.
+fn meshed(w: &mut World, count: usize) -> Vec<usize> {
+    let nodes: Vec<usize> = (0..count).map(|_| w.add_node()).collect();
+    for &n in &nodes {
+        start_bgp(w, n, &[]);
+    }
+    w.mesh();
+    for &n in &nodes {
+        wait_for("every other node's route", Duration::from_secs(30), || {
+            let r = routes(w, n);
+            (r.len() == count - 1, r)
+        });
+    }
+    nodes
+}
+
 /// Waits until node `n`'s datapath routes every other node's pod CIDR
 /// (`expect`: subnet → route mode) toward the next hop `hop(subnet)`.
 fn wait_routes(w: &World, n: usize, expect: &[(String, Ipv4Addr, &str)]) -> Duration {
@@ -178,17 +195,9 @@ fn two_racks_behind_routers_route_natively_with_no_encapsulation() {
     fabric.start();
     for (i, &n) in nodes.iter().enumerate() {
         let tor = &fabric.tors[if i < 2 { t1 } else { t2 }];
-        let peer = format!("{}:{}", tor.gateway, tor.asn);
-        start_bgp(
-            &mut w,
-            n,
-            &[
-                "--bgp-as".into(),
-                (65001 + i as u32).to_string(),
-                "--bgp-peers".into(),
-                peer,
-            ],
-        );
+        w.nodes[n].agent_args.extra_args =
+            tor.node_flags(65001 + i as u32, &["--bgp-hold-time", &HOLD.to_string()]);
+        w.start_agent(n);
     }
     // Every node learns the three others; same-rack routes may point at
     // the peer itself (BIRD keeps a next hop on the shared subnet), the
@@ -285,17 +294,7 @@ fn route_reflectors_serve_five_nodes() {
 #[test]
 fn a_stopped_node_is_withdrawn_within_the_hold_time() {
     let mut w = World::new();
-    let nodes: Vec<usize> = (0..3).map(|_| w.add_node()).collect();
-    for &n in &nodes {
-        start_bgp(&mut w, n, &[]);
-    }
-    w.mesh();
-    for &n in &nodes {
-        wait_for("two routes", Duration::from_secs(30), || {
-            let r = routes(&w, n);
-            (r.len() == 2, r)
-        });
-    }
+    let nodes = meshed(&mut w, 3);
     // Node 3 drops off the network: no FIN, no notification — only the
     // hold timer tells.
     let gone = w.nodes[nodes[2]].pod_cidr.clone();
@@ -327,17 +326,7 @@ fn a_stopped_node_is_withdrawn_within_the_hold_time() {
 #[test]
 fn a_speaker_restart_with_graceful_restart_loses_no_packet() {
     let mut w = World::new();
-    let nodes: Vec<usize> = (0..2).map(|_| w.add_node()).collect();
-    for &n in &nodes {
-        start_bgp(&mut w, n, &[]);
-    }
-    w.mesh();
-    for &n in &nodes {
-        wait_for("one route", Duration::from_secs(30), || {
-            let r = routes(&w, n);
-            (r.len() == 1, r)
-        });
-    }
+    let nodes = meshed(&mut w, 2);
     let (a, b) = (w.add_pod(nodes[0]), w.add_pod(nodes[1]));
     assert_ping(&w.pods[a].ns, w.pods[b].ip, 2);
     // 800 pings over 8 s; node 1's speaker is killed one second in.
@@ -416,15 +405,7 @@ fn cross_subnet_tunnels_only_between_racks() {
 #[test]
 fn a_flapping_peer_does_not_make_the_datapath_thrash() {
     let mut w = World::new();
-    let nodes: Vec<usize> = (0..2).map(|_| w.add_node()).collect();
-    for &n in &nodes {
-        start_bgp(&mut w, n, &[]);
-    }
-    w.mesh();
-    wait_for("one route", Duration::from_secs(30), || {
-        let r = routes(&w, nodes[0]);
-        (r.len() == 1, r)
-    });
+    let nodes = meshed(&mut w, 2);
     // Node 2's session to node 1 goes down and up six times, as fast as
     // the session comes back: twelve BGP updates reach node 1's speaker
     // (its table is followed, not sampled).

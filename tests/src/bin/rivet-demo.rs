@@ -327,18 +327,7 @@ fn bgp_racks(args: &Args) {
     }
     for &(n, r, asn) in &nodes {
         let tor = &fabric.tors[tors[r]];
-        w.nodes[n].agent_args.extra_args = [
-            "--mode",
-            "bgp",
-            "--bgp-as",
-            &asn.to_string(),
-            "--bgp-peers",
-            &format!("{}:{}", tor.gateway, tor.asn),
-            "--bgp-hold-time",
-            "9",
-        ]
-        .map(String::from)
-        .to_vec();
+        w.nodes[n].agent_args.extra_args = tor.node_flags(asn, &["--bgp-hold-time", "9"]);
         w.start_agent(n);
         println!(
             "node {:<14} rack {} AS {asn} uplink {:<15} pod subnet {:<16} peer {}",
@@ -393,33 +382,13 @@ fn bgp_racks(args: &Args) {
             .find(|(n, ..)| *n == w.pods[p].node)
             .map(|x| x.1)
     };
-    let (mut ok, mut total) = (0, 0);
-    for &a in &pods {
-        for &b in &pods {
-            if a == b {
-                continue;
-            }
-            let r = ping(&w.pods[a].ns, w.pods[b].ip, 2, 0.05);
-            total += 1;
-            if r.received == r.sent {
-                ok += 1;
-            }
-            println!(
-                "{} {:>13} -> {:<13} {}/{} replies, avg {:.3} ms",
-                if rack_of(a) == rack_of(b) {
-                    "same rack   "
-                } else {
-                    "across racks"
-                },
-                w.pods[a].ip,
-                w.pods[b].ip,
-                r.received,
-                r.sent,
-                r.avg_ms.unwrap_or(f64::NAN)
-            );
+    ping_every_pair(&w, &pods, |a, b| {
+        if rack_of(a) == rack_of(b) {
+            "same rack   "
+        } else {
+            "across racks"
         }
-    }
-    println!("{ok}/{total} pairs answered every ping");
+    });
     let (a, b) = (pods[0], pods[pods.len() - 1]);
     step(&format!("iperf3 {} s across racks", args.secs));
     let server = iperf3_server(&w.pods[b].ns, 5201, Some(1));
@@ -464,6 +433,34 @@ fn bgp_racks(args: &Args) {
         step("cleaning up (agents and speakers stopped, routers stopped, namespaces deleted)");
     }
     drop(fabric);
+}
+
+/// Pings every pod from every other (2 each), one line per pair with
+/// `place(a, b)`, then how many pairs answered every ping.
+fn ping_every_pair(w: &World, pods: &[usize], place: impl Fn(usize, usize) -> &'static str) {
+    let (mut ok, mut total) = (0, 0);
+    for &a in pods {
+        for &b in pods {
+            if a == b {
+                continue;
+            }
+            let r = ping(&w.pods[a].ns, w.pods[b].ip, 2, 0.05);
+            total += 1;
+            if r.received == r.sent {
+                ok += 1;
+            }
+            println!(
+                "{} {:>13} -> {:<13} {}/{} replies, avg {:.3} ms",
+                place(a, b),
+                w.pods[a].ip,
+                w.pods[b].ip,
+                r.received,
+                r.sent,
+                r.avg_ms.unwrap_or(f64::NAN)
+            );
+        }
+    }
+    println!("{ok}/{total} pairs answered every ping");
 }
 
 fn peers(w: &World, n: usize) -> usize {
@@ -571,33 +568,13 @@ fn main() {
     }
 
     step("ping: every pod to every other pod (same node and across nodes)");
-    let (mut ok, mut total) = (0, 0);
-    for &a in &pods {
-        for &b in &pods {
-            if a == b {
-                continue;
-            }
-            let r = ping(&w.pods[a].ns, w.pods[b].ip, 2, 0.05);
-            total += 1;
-            let where_ = if w.pods[a].node == w.pods[b].node {
-                "same node "
-            } else {
-                "cross node"
-            };
-            if r.received == r.sent {
-                ok += 1;
-            }
-            println!(
-                "{where_} {:>13} -> {:<13} {}/{} replies, avg {:.3} ms",
-                w.pods[a].ip,
-                w.pods[b].ip,
-                r.received,
-                r.sent,
-                r.avg_ms.unwrap_or(f64::NAN)
-            );
+    ping_every_pair(&w, &pods, |a, b| {
+        if w.pods[a].node == w.pods[b].node {
+            "same node "
+        } else {
+            "cross node"
         }
-    }
-    println!("{ok}/{total} pairs answered every ping");
+    });
     if nodes.len() > 1 {
         let remote = pods
             .iter()
