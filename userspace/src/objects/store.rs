@@ -15,7 +15,7 @@ use std::{
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
-use super::{Kind, Object, ObjectKey, ObjectSet, parse_object};
+use super::{Kind, Object, ObjectKey, ObjectSet, parse_object_text};
 use crate::store::{self, StoreError};
 
 /// What a change did to one object.
@@ -459,11 +459,10 @@ fn load_dir(
             skipped.push((path, "not a .json file".to_owned()));
             continue;
         };
-        let read = fs::read(&path)
+        let read = fs::read_to_string(&path)
             .map_err(|e| e.to_string())
-            .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
-            .and_then(|value| {
-                parse_object(value).map_err(|errors| {
+            .and_then(|text| {
+                parse_object_text(&text).map_err(|errors| {
                     errors
                         .iter()
                         .map(ToString::to_string)
@@ -752,7 +751,10 @@ ports: [{port: 8080}]
             skipped[2].starts_with("notes.txt: not a .json file"),
             "{skipped:?}"
         );
-        assert!(skipped[3].starts_with("torn.json: EOF"), "{skipped:?}");
+        assert!(
+            skipped[3].starts_with("torn.json: invalid JSON: EOF"),
+            "{skipped:?}"
+        );
         assert!(!d.join("services/prod/.web.json.tmp").exists());
 
         // Re-applying after the reopen: unchanged (uid and time kept).
