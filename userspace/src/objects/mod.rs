@@ -53,7 +53,7 @@ use k8s_openapi::{
 };
 
 pub use self::{
-    parse::{parse_document, parse_keys, parse_object, parse_object_text},
+    parse::{fit_lists, parse_document, parse_keys, parse_object, parse_object_text},
     store::{ObjectStore, ObjectStoreError, Outcome, Staged},
     validate::validate,
 };

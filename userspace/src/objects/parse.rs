@@ -243,17 +243,18 @@ pub fn parse_object_text(text: &str) -> Result<Object, Vec<FieldError>> {
     };
     let kind = kind_of(&value).map_err(|e| vec![with_label(e)])?;
     let mut object = typed_text(kind, text).map_err(|e| vec![with_label(e)])?;
-    fit(&mut object);
+    fit_lists(&mut object);
     validate(&mut object)?;
     Ok(object)
 }
 
-/// Gives the object's lists the length they hold. Read from a text, a
-/// list grows by doubling (a text tells no length ahead, a tree does): 10
+/// Gives the object's long lists the length they hold. Read from a text
+/// (a document, a store file, an API server's answer), a list grows by
+/// doubling (a text tells no length ahead, a tree does): 10
 /// endpoints held 16 places, and 10,000 EndpointSlices of 10 endpoints
 /// held 35 MiB more than read from their trees (agent RSS after a restart,
 /// 2026-12-03).
-fn fit(object: &mut Object) {
+pub fn fit_lists(object: &mut Object) {
     match object {
         Object::EndpointSlice(slice) => {
             for endpoint in &mut slice.endpoints {

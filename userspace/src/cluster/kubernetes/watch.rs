@@ -192,10 +192,12 @@ pub async fn objects<S: ObjectSink>(settings: KubeSettings, sink: Arc<S>) {
 }
 
 /// An API object as the store keeps it: without the server's field
-/// bookkeeping (`managedFields`, kubectl's last-applied copy), validated and
-/// defaulted like `rivetctl apply` input. `Err`: what rivet cannot use (the
-/// key, so a stored older version goes).
+/// bookkeeping (`managedFields`, kubectl's last-applied copy), its lists
+/// fitted to their length, validated and defaulted like `rivetctl apply`
+/// input. `Err`: what rivet cannot use (the key, so a stored older version
+/// goes).
 fn admit(mut object: Object) -> Result<Object, (ObjectKey, String)> {
+    objects::fit_lists(&mut object);
     let meta = object.metadata_mut();
     meta.managed_fields = None;
     if let Some(a) = meta.annotations.as_mut() {
