@@ -114,15 +114,38 @@ pub fn parse_keys(text: &str) -> Result<Vec<ObjectKey>, DocumentError> {
 /// its type read, then validated and defaulted. Errors name the object
 /// and the field paths from its root.
 pub fn parse_object(value: Value) -> Result<Object, Vec<FieldError>> {
-    let label = label_of(&value);
-    let with_label = |e: FieldError| match &label {
-        Some(l) => e.of(l.clone()),
+    let id = Identity::of(&value)?;
+    id.finish(typed(id.kind, value))
+}
+
+/// An object's kind and its label for messages, from its head.
+struct Identity {
+    label: Option<String>,
+    kind: Kind,
+}
+
+impl Identity {
+    /// Read from the object's tree (or the small tree of its [`Head`]).
+    fn of(value: &Value) -> Result<Self, Vec<FieldError>> {
+        let label = label_of(value);
+        let kind = kind_of(value).map_err(|e| vec![labelled(label.as_deref(), e)])?;
+        Ok(Self { label, kind })
+    }
+
+    /// The object as read, validated and defaulted; errors labelled.
+    fn finish(&self, read: Result<Object, FieldError>) -> Result<Object, Vec<FieldError>> {
+        let mut object = read.map_err(|e| vec![labelled(self.label.as_deref(), e)])?;
+        validate(&mut object)?;
+        Ok(object)
+    }
+}
+
+/// `e` said of the object `label` names, if any.
+fn labelled(label: Option<&str>, e: FieldError) -> FieldError {
+    match label {
+        Some(l) => e.of(l.to_owned()),
         None => e,
-    };
-    let kind = kind_of(&value).map_err(|e| vec![with_label(e)])?;
-    let mut object = typed(kind, value).map_err(|e| vec![with_label(e)])?;
-    validate(&mut object)?;
-    Ok(object)
+    }
 }
 
 /// One object of a document: its tree, or its text.
@@ -235,17 +258,12 @@ pub fn parse_object_text(text: &str) -> Result<Object, Vec<FieldError>> {
                 .and_then(parse_object);
         }
     };
-    let value = head.as_value();
-    let label = label_of(&value);
-    let with_label = |e: FieldError| match &label {
-        Some(l) => e.of(l.clone()),
-        None => e,
-    };
-    let kind = kind_of(&value).map_err(|e| vec![with_label(e)])?;
-    let mut object = typed_text(kind, text).map_err(|e| vec![with_label(e)])?;
-    fit_lists(&mut object);
-    validate(&mut object)?;
-    Ok(object)
+    let id = Identity::of(&head.as_value())?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    id.finish(typed(id.kind, &mut de).map(|mut object| {
+        fit_lists(&mut object);
+        object
+    }))
 }
 
 /// Gives the object's long lists the length they hold. Read from a text
@@ -306,33 +324,6 @@ pub fn fit_lists(object: &mut Object) {
         }
         Object::Namespace(_) | Object::Pod(_) => {}
     }
-}
-
-/// `text` read into the type of `kind`; a mismatch names its path (as
-/// [`typed`] words it: without the text's line and column).
-fn typed_text(kind: Kind, text: &str) -> Result<Object, FieldError> {
-    fn read<T: serde::de::DeserializeOwned>(text: &str) -> Result<Box<T>, FieldError> {
-        let mut de = serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize::<_, T>(&mut de)
-            .map(Box::new)
-            .map_err(|e| {
-                let path = e.path().to_string();
-                let path = if path == "." { String::new() } else { path };
-                let message = e.into_inner().to_string();
-                let message = match message.rsplit_once(" at line ") {
-                    Some((m, _)) => m.to_owned(),
-                    None => message,
-                };
-                FieldError::new(path, message)
-            })
-    }
-    Ok(match kind {
-        Kind::Namespace => Object::Namespace(read(text)?),
-        Kind::Service => Object::Service(read(text)?),
-        Kind::EndpointSlice => Object::EndpointSlice(read(text)?),
-        Kind::Pod => Object::Pod(read(text)?),
-        Kind::NetworkPolicy => Object::NetworkPolicy(read(text)?),
-    })
 }
 
 /// The entries of a document (Lists flattened), or the reason it cannot
@@ -584,33 +575,39 @@ fn label_of(value: &Value) -> Option<String> {
     }
 }
 
-/// `value` read into the type of `kind`; a mismatch names its path.
-fn typed(kind: Kind, value: Value) -> Result<Object, FieldError> {
-    fn read<T: serde::de::DeserializeOwned>(value: Value) -> Result<Box<T>, FieldError> {
-        serde_path_to_error::deserialize::<_, T>(value)
+/// An object read into the type of `kind` from a tree or a text; a
+/// mismatch names its path (a text's line and column left out, so both
+/// word it alike).
+fn typed<'de, D: serde::Deserializer<'de>>(kind: Kind, de: D) -> Result<Object, FieldError> {
+    fn read<'de, T: serde::Deserialize<'de>, D: serde::Deserializer<'de>>(
+        de: D,
+    ) -> Result<Box<T>, FieldError> {
+        serde_path_to_error::deserialize::<_, T>(de)
             .map(Box::new)
             .map_err(|e| {
                 let path = e.path().to_string();
                 let path = if path == "." { String::new() } else { path };
-                FieldError::new(path, e.into_inner().to_string())
+                let message = e.into_inner().to_string();
+                let message = match message.rsplit_once(" at line ") {
+                    Some((m, _)) => m.to_owned(),
+                    None => message,
+                };
+                FieldError::new(path, message)
             })
     }
     Ok(match kind {
-        Kind::Namespace => Object::Namespace(read(value)?),
-        Kind::Service => Object::Service(read(value)?),
-        Kind::EndpointSlice => Object::EndpointSlice(read(value)?),
-        Kind::Pod => Object::Pod(read(value)?),
-        Kind::NetworkPolicy => Object::NetworkPolicy(read(value)?),
+        Kind::Namespace => Object::Namespace(read(de)?),
+        Kind::Service => Object::Service(read(de)?),
+        Kind::EndpointSlice => Object::EndpointSlice(read(de)?),
+        Kind::Pod => Object::Pod(read(de)?),
+        Kind::NetworkPolicy => Object::NetworkPolicy(read(de)?),
     })
 }
 
 /// The key of an object's JSON, its name and namespace checked.
 fn key_of(value: &Value) -> Result<ObjectKey, FieldError> {
     let label = label_of(value);
-    let with_label = |e: FieldError| match &label {
-        Some(l) => e.of(l.clone()),
-        None => e,
-    };
+    let with_label = |e: FieldError| labelled(label.as_deref(), e);
     let kind = kind_of(value).map_err(with_label)?;
     let text = |field: &str| -> Result<Option<String>, FieldError> {
         match value.get("metadata").and_then(|m| m.get(field)) {
