@@ -52,10 +52,9 @@ pub fn parse_document(text: &str) -> Result<Vec<Object>, DocumentError> {
             .collect(),
     };
     for (document, path, body) in bodies {
-        let entry = EntryAt { document, path };
         let at = |e: FieldError| FieldError {
-            document: entry.document,
-            ..e.below(&entry.path)
+            document,
+            ..e.below(&path)
         };
         let parsed = match body {
             Body::Tree(value) => parse_object(value),
@@ -63,7 +62,7 @@ pub fn parse_document(text: &str) -> Result<Vec<Object>, DocumentError> {
         };
         match parsed {
             Ok(object) => {
-                let here = place(entry.document, &entry.path);
+                let here = place(document, &path);
                 match seen.get(&object.key()) {
                     Some(first) => problems.push(at(FieldError::new(
                         "",
@@ -152,12 +151,6 @@ fn labelled(label: Option<&str>, e: FieldError) -> FieldError {
 enum Body<'a> {
     Tree(Value),
     Text(&'a str),
-}
-
-/// Where an object is in its document.
-struct EntryAt {
-    document: Option<usize>,
-    path: String,
 }
 
 /// What an object's text says of itself, read without the rest.
