@@ -254,15 +254,10 @@ impl Agent {
     /// Services named by changed EndpointSlices (before and after).
     fn touched_services(state: &NodeState, staged: &Staged) -> ServiceRefs {
         let label = |o: &Object| {
-            let slice = o.as_endpoint_slice()?;
-            let service = slice
-                .metadata
-                .labels
-                .as_ref()?
-                .get(objects::SERVICE_NAME_LABEL)?;
+            let service = objects::service_of_slice(o)?;
             Some((
-                slice.metadata.namespace.clone().unwrap_or_default(),
-                service.clone(),
+                o.metadata().namespace.clone().unwrap_or_default(),
+                service.to_owned(),
             ))
         };
         let mut out = ServiceRefs::new();

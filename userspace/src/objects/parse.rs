@@ -268,6 +268,7 @@ pub fn parse_object_text(text: &str) -> Result<Object, Vec<FieldError>> {
 pub fn fit_lists(object: &mut Object) {
     match object {
         Object::EndpointSlice(slice) => {
+            let slice = slice.open_mut();
             for endpoint in &mut slice.endpoints {
                 endpoint.addresses.shrink_to_fit();
             }
@@ -591,7 +592,7 @@ fn typed<'de, D: serde::Deserializer<'de>>(kind: Kind, de: D) -> Result<Object, 
     Ok(match kind {
         Kind::Namespace => Object::Namespace(read(de)?),
         Kind::Service => Object::Service(read(de)?),
-        Kind::EndpointSlice => Object::EndpointSlice(read(de)?),
+        Kind::EndpointSlice => Object::EndpointSlice(super::SliceObject::Open(read(de)?)),
         Kind::Pod => Object::Pod(read(de)?),
         Kind::NetworkPolicy => Object::NetworkPolicy(read(de)?),
     })

@@ -81,7 +81,7 @@ pub fn validate(object: &mut Object) -> Result<(), Vec<FieldError>> {
     }
     match object {
         Object::Service(svc) => service(svc, &mut p),
-        Object::EndpointSlice(slice) => endpoint_slice(slice, &mut p),
+        Object::EndpointSlice(slice) => endpoint_slice(slice.open_mut(), &mut p),
         Object::NetworkPolicy(np) => network_policy(np, &mut p),
         Object::Namespace(_) | Object::Pod(_) => {}
     }

@@ -18,6 +18,7 @@ pub mod plan;
 pub mod sync;
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
     sync::Arc,
@@ -91,7 +92,39 @@ struct Part {
     inputs: Vec<Arc<Object>>,
     /// An endpoint without `nodeName`: its locality follows the node's pods.
     by_address: bool,
-    plan: Plan,
+    plan: PartPlan,
+}
+
+/// A [`Plan`] of one Service as lists fitted to their length: it is only
+/// walked (merged into and taken out of the node's plan). As a `Plan` each
+/// of its maps held a whole B-tree node for its one or two entries: 25 MB
+/// of the agent's heap with 10,000 Services (heaptrack, 2026-12-03).
+#[derive(Debug, Default)]
+struct PartPlan {
+    frontends: Box<[(FrontendKey, Frontend)]>,
+    groups: Box<[(GroupKey, Vec<Backend>)]>,
+    external_addrs: Box<[Ipv4Addr]>,
+    uplink_backends: Box<[Ipv4Addr]>,
+    health: Box<[HealthCheck]>,
+}
+
+impl From<Plan> for PartPlan {
+    fn from(plan: Plan) -> Self {
+        Self {
+            frontends: plan.frontends.into_iter().collect(),
+            groups: plan
+                .groups
+                .into_iter()
+                .map(|(k, mut b)| {
+                    b.shrink_to_fit();
+                    (k, b)
+                })
+                .collect(),
+            external_addrs: plan.external_addrs.into_iter().collect(),
+            uplink_backends: plan.uplink_backends.into_iter().collect(),
+            health: plan.health.into_boxed_slice(),
+        }
+    }
 }
 
 impl Services {
@@ -163,15 +196,16 @@ impl Services {
             if same {
                 continue;
             }
-            let slices: Vec<&EndpointSlice> = inputs[1..]
+            let opened: Vec<Cow<'_, EndpointSlice>> = inputs[1..]
                 .iter()
                 .filter_map(|o| o.as_endpoint_slice())
                 .collect();
+            let slices: Vec<&EndpointSlice> = opened.iter().map(|s| &**s).collect();
             let by_address = slices
                 .iter()
                 .any(|s| s.endpoints.iter().any(|e| e.node_name.is_none()));
             let part = Part {
-                plan: plan::plan_one(svc, &slices, node),
+                plan: plan::plan_one(svc, &slices, node).into(),
                 inputs,
                 by_address,
             };
@@ -255,7 +289,7 @@ impl Services {
     }
 
     /// Adds a Service's part to the merged plan.
-    fn merge(&mut self, part: &Plan, delta: &mut Delta) {
+    fn merge(&mut self, part: &PartPlan, delta: &mut Delta) {
         for (fk, fe) in &part.frontends {
             self.plan.frontends.insert(*fk, fe.clone());
             delta.frontends.insert(*fk);
@@ -282,15 +316,15 @@ impl Services {
     }
 
     /// Takes a Service's part (`key`) out of the merged plan.
-    fn unmerge(&mut self, part: &Plan, key: &(String, String), delta: &mut Delta) {
+    fn unmerge(&mut self, part: &PartPlan, key: &(String, String), delta: &mut Delta) {
         let owned = |fe: &Frontend| fe.group.port.namespace == key.0 && fe.group.port.name == key.1;
-        for fk in part.frontends.keys() {
+        for (fk, _) in &part.frontends {
             if self.plan.frontends.get(fk).is_some_and(owned) {
                 self.plan.frontends.remove(fk);
             }
             delta.frontends.insert(*fk);
         }
-        for gk in part.groups.keys() {
+        for (gk, _) in &part.groups {
             delta.groups.insert(gk.clone());
             if let Some(old) = self.plan.groups.remove(gk) {
                 self.backends_total -= old.len();

@@ -182,7 +182,7 @@ pub async fn objects<S: ObjectSink>(settings: KubeSettings, sink: Arc<S>) {
             Box::new(o)
         )),
         kind::<EndpointSlice, S>(&settings, Kind::EndpointSlice, &sink, |o| {
-            Object::EndpointSlice(Box::new(o))
+            Object::EndpointSlice(o.into())
         }),
         kind::<Pod, S>(&settings, Kind::Pod, &sink, |o| Object::Pod(Box::new(o))),
         kind::<NetworkPolicy, S>(&settings, Kind::NetworkPolicy, &sink, |o| {
@@ -207,7 +207,9 @@ fn admit(mut object: Object) -> Result<Object, (ObjectKey, String)> {
         }
     }
     match objects::validate(&mut object) {
-        Ok(()) => Ok(object),
+        // Packed as the store keeps it, so a list of 10,000 EndpointSlices
+        // is held lean while it is read.
+        Ok(()) => Ok(object.packed()),
         Err(problems) => {
             let why = problems
                 .iter()
