@@ -22,6 +22,14 @@ use rivet_api::{
 use crate::cli::{Cli, Command, EndpointAction, NodeAction, Output};
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stops early (`rivetctl services |
+    // head`) ends rivetctl quietly, as it ends other command-line tools,
+    // instead of a panic on the failed write.
+    // SAFETY: called first, before any other thread exists; SIG_DFL is a
+    // valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
