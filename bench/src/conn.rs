@@ -29,8 +29,27 @@ pub fn one_byte_server(ns: &Netns, port: u16) {
     });
 }
 
+/// One connection of [`timed_connections`], in µs from the start of its
+/// `connect`.
+#[derive(Clone, Copy, Debug)]
+pub struct Timed {
+    /// Until `connect` returned: the handshake (SYN out, SYN-ACK back).
+    pub connect_us: f64,
+    /// Until the 1-byte answer arrived.
+    pub exchange_us: f64,
+}
+
 /// Connect/exchange/close from inside `ns` for `time`: latencies in µs.
 pub fn connection_loop(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> {
+    timed_connections(ns, dst, time)
+        .into_iter()
+        .map(|c| c.exchange_us)
+        .collect()
+}
+
+/// Connect/exchange/close from inside `ns` for `time`, one connection at
+/// a time: each one's handshake and exchange time.
+pub fn timed_connections(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<Timed> {
     ns.exec(move || {
         let end = Instant::now() + time;
         let mut out = Vec::new();
@@ -39,12 +58,16 @@ pub fn connection_loop(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> 
             let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
                 continue;
             };
+            let connect_us = t.elapsed().as_secs_f64() * 1e6;
             // A connection whose answer never comes costs 2 s and is said,
             // instead of hanging the benchmark.
             let _ = s.set_read_timeout(Some(EXCHANGE_TIMEOUT));
             let mut b = [7u8; 1];
             match s.write_all(&b).and_then(|()| s.read_exact(&mut b)) {
-                Ok(()) => out.push(t.elapsed().as_secs_f64() * 1e6),
+                Ok(()) => out.push(Timed {
+                    connect_us,
+                    exchange_us: t.elapsed().as_secs_f64() * 1e6,
+                }),
                 Err(e) => eprintln!("\nwarning: connection to {dst}: exchange failed: {e}"),
             }
         }

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use crate::{
     Options, Report,
-    conn::{connection_loop, one_byte_server},
+    conn::{connection_loop, one_byte_server, timed_connections},
     iperf3_cpu, percentile, progress, rss_mib,
 };
 use rivet_tests::{
@@ -1120,13 +1120,25 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             "cluster_connect_p99_us",
             "nodeport_connect_p50_us",
             "nodeport_connect_p99_us",
+            "cluster_exchange_p50_us",
+            "cluster_exchange_p99_us",
+            "podip_connect_p50_us",
+            "podip_connect_p99_us",
+            "podip_exchange_p50_us",
+            "podip_exchange_p99_us",
+            "nodeport_exchange_p50_us",
+            "nodeport_exchange_p99_us",
             "udp_rr_p50_us",
             "udp_rr_p99_us",
             "apply_ms",
         ] {
             report.better.insert(m(base), "lower".into());
         }
-        for base in ["cluster_conns_per_s", "nodeport_conns_per_s"] {
+        for base in [
+            "cluster_conns_per_s",
+            "podip_conns_per_s",
+            "nodeport_conns_per_s",
+        ] {
             report.better.insert(m(base), "higher".into());
         }
         // Programming, in the listed order (each variant's own node).
@@ -1170,31 +1182,39 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                 let name = v.name();
                 step(&format!("N={n} round {}/{} {name}", round + 1, opts.rounds));
                 let node_port = SocketAddr::from((ctx.node_ip(v), NODE_PORT));
+                // The floor: the same client to backend 0 by its pod IP.
+                let pod_ip = SocketAddr::from((ctx.backends(v)[0], POD_PORT));
                 for (what, ns, dst) in [
                     ("cluster", ctx.pod(v, 2), cluster),
+                    ("podip", ctx.pod(v, 2), pod_ip),
                     ("nodeport", ctx.outside(), node_port),
                 ] {
-                    let lat = connection_loop(ns, dst, sample);
+                    let conns = timed_connections(ns, dst, sample);
                     assert!(
-                        !lat.is_empty(),
+                        !conns.is_empty(),
                         "{name}: no {what} connection succeeded at N={n}"
                     );
-                    report.add(
-                        &m(&format!("{what}_connect_p50_us")),
-                        name,
-                        percentile(&lat, 50.0),
-                    );
-                    report.add(
-                        &m(&format!("{what}_connect_p99_us")),
-                        name,
-                        percentile(&lat, 99.0),
-                    );
+                    for (figure, lat) in [
+                        (
+                            "connect",
+                            conns.iter().map(|c| c.connect_us).collect::<Vec<_>>(),
+                        ),
+                        ("exchange", conns.iter().map(|c| c.exchange_us).collect()),
+                    ] {
+                        for q in [50.0, 99.0] {
+                            report.add(
+                                &m(&format!("{what}_{figure}_p{q}_us")),
+                                name,
+                                percentile(&lat, q),
+                            );
+                        }
+                    }
                     report.add(
                         &m(&format!("{what}_conns_per_s")),
                         name,
-                        lat.len() as f64 / secs,
+                        conns.len() as f64 / secs,
                     );
-                    *counts.entry((m(what), v)).or_default() += lat.len();
+                    *counts.entry((m(what), v)).or_default() += conns.len();
                 }
                 let (rtt, missed) = udp_round_trips(ctx.pod(v, 2), udp, sample);
                 assert!(!rtt.is_empty(), "{name}: no UDP answer at N={n}");
@@ -1384,7 +1404,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         opts.rounds,
         warm.as_secs_f64()
     ));
-    report.notes.push("cluster_*: connect + 1-byte exchange + close from the client pod to the measured ClusterIP, one connection at a time, each a fresh connection; nodeport_*: the same from the outside host to the node's address and NodePort; udp_rr_*: one datagram and its answer through the ClusterIP's UDP port, each from a fresh socket (a new flow)".into());
+    report.notes.push("cluster_*: fresh connections from the client pod to the measured ClusterIP, one at a time: connect = the TCP handshake (until connect() returns), exchange = connect + a 1-byte request and its answer (the connect figure up to 2026-12-02), conns_per_s = connect + exchange + close; podip_*: the same from the client pod to backend 0 by its pod IP, no Service (the floor every variant's ClusterIP figure stands on); nodeport_*: the same from the outside host to the node's address and NodePort; udp_rr_*: one datagram and its answer through the ClusterIP's UDP port, each from a fresh socket (a new flow)".into());
     report.notes.push("apply_ms: rivet = `rivetctl apply -f` of one List with the N Services and N EndpointSlices (after a `rivetctl delete -f` of the previous size's, untimed); iptables = one `iptables-restore --noflush --counters` of every kube-proxy chain (filter and nat), as kube-proxy's iptables mode writes them at a full sync (KUBE-SERVICES → KUBE-SVC-* with `-m statistic --mode random --probability` → KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-NODEPORTS behind `-m addrtype --dst-type LOCAL` last, KUBE-POSTROUTING masquerade of marked packets; iptables-nft backend, the system's iptables-restore); nftables = one `nft -f` replacing table ip kube-proxy (service-ips verdict map on `ip daddr . meta l4proto . th dport`, per-Service chains with `numgen random mod 2 vmap`, endpoint chains with `dnat to`, NodePorts through `fib daddr type local` and the service-nodeports map, masquerade by mark)".into());
     report.notes.push("agent_rss_mib: rivetd's VmRSS (/proc/<pid>/status) after the apply at each N; with 10,000 Services × 10 backends each: after their apply, and after a restart that reads them back from the store (1 s after it answers)".into());
     report.notes.extend(notes);
@@ -1423,6 +1443,20 @@ fn goals(report: &mut Report, sizes: &[usize], update_n: usize) {
         verdict(b <= a * 1.05)
     ));
     for &n in sizes.iter().filter(|&&n| n >= 1000) {
+        // What each variant adds to a connect over the pod-IP floor.
+        for q in ["p50", "p99"] {
+            let over = |v: &str| {
+                med(&format!("cluster_connect_{q}_us_n{n}"), v)
+                    - med(&format!("podip_connect_{q}_us_n{n}"), v)
+            };
+            let floor = med(&format!("podip_connect_{q}_us_n{n}"), "rivet");
+            lines.push(format!(
+                "floor: connect {q} at N={n} by pod IP {floor:.1} µs (rivet's pods); a ClusterIP adds: rivet {:+.1}, iptables {:+.1}, nftables {:+.1} µs over each variant's own pod-IP figure; ≤ 0.5 × iptables needs iptables to add at least the floor",
+                over("rivet"),
+                over("iptables"),
+                over("nftables"),
+            ));
+        }
         for what in ["cluster", "nodeport"] {
             for q in ["p50", "p99"] {
                 let metric = format!("{what}_connect_{q}_us_n{n}");
