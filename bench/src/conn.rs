@@ -41,19 +41,30 @@ pub struct Timed {
 
 /// Connect/exchange/close from inside `ns` for `time`: latencies in µs.
 pub fn connection_loop(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<f64> {
-    timed_connections(ns, dst, time)
+    timed_connections(ns, dst, time, None)
         .into_iter()
         .map(|c| c.exchange_us)
         .collect()
 }
 
 /// Connect/exchange/close from inside `ns` for `time`, one connection at
-/// a time: each one's handshake and exchange time.
-pub fn timed_connections(ns: &Netns, dst: SocketAddr, time: Duration) -> Vec<Timed> {
+/// a time: each one's handshake and exchange time. With `pause`, each
+/// connection starts that long after the previous one closed (a paced
+/// probe: every variant measured at the same offered load, far below what
+/// any of them sustains); without it, back to back (the connection rate).
+pub fn timed_connections(
+    ns: &Netns,
+    dst: SocketAddr,
+    time: Duration,
+    pause: Option<Duration>,
+) -> Vec<Timed> {
     ns.exec(move || {
         let end = Instant::now() + time;
         let mut out = Vec::new();
         while Instant::now() < end {
+            if let Some(p) = pause {
+                std::thread::sleep(p);
+            }
             let t = Instant::now();
             let Ok(mut s) = TcpStream::connect_timeout(&dst, Duration::from_secs(2)) else {
                 continue;

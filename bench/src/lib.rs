@@ -57,6 +57,15 @@ impl Options {
     }
 }
 
+/// `run_time_ns`, `run_cnt` of a node's pinned program (kernel BPF
+/// statistics: they count only while `BPF_ENABLE_STATS` is held).
+pub fn prog_stats(world: &rivet_tests::World, node: usize, prog: &str) -> (u64, u64) {
+    let path = world.nodes[node].pin_dir().join("progs").join(prog);
+    let info = aya::programs::ProgramInfo::from_pin(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (info.run_time().as_nanos() as u64, info.run_count())
+}
+
 /// A process's resident memory (VmRSS) in MiB; NaN when it cannot be
 /// read (the process is gone).
 pub fn rss_mib(pid: u32) -> f64 {

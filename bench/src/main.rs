@@ -30,6 +30,13 @@ struct Args {
     /// programming grows with N²: minutes per restore beyond 10,000).
     #[arg(long)]
     max_services: Option<usize>,
+    /// services: these numbers of Services instead of 1, 1,000, 10,000
+    /// and 30,000 (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    services: Vec<usize>,
+    /// services: only these variants (default all; the goals need all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    variants: Vec<bench::services::Var>,
     /// control: only these parts (comma-separated or repeated): bulk
     /// (map updates: the agent's code, ip route, nft), api (through the
     /// agent's socket, one change with the table full), etcd (convergence
@@ -158,7 +165,9 @@ fn main() {
             ),
             // A smoke run: 1 and 1,000 Services.
             Which::Services => {
-                let sizes: &[usize] = if args.quick {
+                let sizes: &[usize] = if !args.services.is_empty() {
+                    &args.services
+                } else if args.quick {
                     &[1, 1000]
                 } else {
                     &[1, 1000, 10_000, 30_000]
@@ -168,7 +177,7 @@ fn main() {
                     .copied()
                     .filter(|&n| args.max_services.is_none_or(|m| n <= m))
                     .collect();
-                bench::services::run(&opts, &sizes)
+                bench::services::run(&opts, &sizes, &args.variants)
             }
             // A smoke run: 10 and 1,000 rules.
             Which::Policy => bench::policy::run(

@@ -41,7 +41,7 @@ use std::{net::Ipv4Addr, sync::Mutex, time::Instant};
 
 use aya::{
     maps::{HashMap, LpmTrie, MapData, RingBuf, lpm_trie::Key},
-    programs::{ProgramInfo, SchedClassifier, TestRun as _, TestRunOptions},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
 };
 use rivet_common::{
     Counter, EndpointInfo, EndpointKey, NatEntry, NatKey, RouteInfo, endpoint_flags, ipv4_key,
@@ -775,13 +775,6 @@ pub fn run(opts: &Options) -> Report {
     r
 }
 
-/// `run_time_ns`, `run_cnt` of a node's pinned program.
-fn prog_stats(world: &World, node: usize, prog: &str) -> (u64, u64) {
-    let path = world.nodes[node].pin_dir().join("progs").join(prog);
-    let info = ProgramInfo::from_pin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    (info.run_time().as_nanos() as u64, info.run_count())
-}
-
 /// Live figures: kernel BPF statistics while iperf3 runs through rivet.
 fn live(opts: &Options, r: &mut Report) {
     let secs = opts.secs.max(2);
@@ -852,7 +845,7 @@ fn live(opts: &Options, r: &mut Report) {
             ));
             let before: Vec<(u64, u64)> = probes
                 .iter()
-                .map(|(_, w, node, p)| prog_stats(w, *node, p))
+                .map(|(_, w, node, p)| crate::prog_stats(w, *node, p))
                 .collect();
             let t = if round == 0 { 1 } else { secs };
             let srv = iperf3_server(server, 5201, Some(1));
@@ -860,7 +853,7 @@ fn live(opts: &Options, r: &mut Report) {
             drop(srv);
             let after: Vec<(u64, u64)> = probes
                 .iter()
-                .map(|(_, w, node, p)| prog_stats(w, *node, p))
+                .map(|(_, w, node, p)| crate::prog_stats(w, *node, p))
                 .collect();
             if round == 0 {
                 continue;
@@ -907,12 +900,12 @@ fn live(opts: &Options, r: &mut Report) {
                 probe.0, opts.rounds
             ));
             let (name, w, node, p) = *probe;
-            let before = prog_stats(w, node, p);
+            let before = crate::prog_stats(w, node, p);
             let t = if round == 0 { 1 } else { secs };
             let srv = iperf3_server(server, 5202, Some(1));
             udp_flood(client, ip, 5202, t);
             drop(srv);
-            let after = prog_stats(w, node, p);
+            let after = crate::prog_stats(w, node, p);
             if round == 0 {
                 continue;
             }

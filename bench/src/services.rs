@@ -51,6 +51,13 @@ const UDP_POD_PORT: u16 = 5353;
 const IPERF_PORT: u16 = 5201;
 /// The measured Service's NodePort.
 const NODE_PORT: u16 = 30080;
+/// The pause before each latency probe's connection. Back to back, each
+/// variant loads the machine as hard as it is fast (on 2026-12-06 rivet's
+/// 15,000 pod-IP connections/s against kube-proxy's 400–600, whose p99
+/// there is ~12 ms), and the
+/// fastest one's median pays for its own load; paced, every variant is
+/// measured at the same, light, offered load.
+const PROBE_PAUSE: Duration = Duration::from_micros(200);
 /// Kubernetes' default Service CIDR (kube-proxy's nftables mode drops
 /// traffic to addresses of it that no Service holds).
 const SERVICE_CIDR: &str = "10.96.0.0/12";
@@ -710,14 +717,22 @@ fn ptp_node(w: &mut World, tag: &str, subnet: &'static str) -> PtpNode {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Var {
+/// A variant of the benchmark (`--variants`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Var {
+    /// rivetd: socket-level and uplink translation.
+    #[value(name = "rivet")]
     Rivet,
+    /// kube-proxy's iptables mode.
+    #[value(name = "iptables")]
     Ipt,
+    /// kube-proxy's nftables mode.
+    #[value(name = "nftables")]
     Nft,
 }
 
-const VARIANTS: [Var; 3] = [Var::Rivet, Var::Ipt, Var::Nft];
+/// Every variant, in the listed order.
+pub const VARIANTS: [Var; 3] = [Var::Rivet, Var::Ipt, Var::Nft];
 
 impl Var {
     const fn name(self) -> &'static str {
@@ -1036,8 +1051,14 @@ fn program(ctx: &Ctx, v: Var, svcs: &[Svc], applied: &mut Applied, notes: &mut V
     }
 }
 
-/// Runs the benchmark at these numbers of Services.
-pub fn run(opts: &Options, sizes: &[usize]) -> Report {
+/// Runs the benchmark at these numbers of Services with these variants
+/// (in [`VARIANTS`]' order whatever the caller's).
+pub fn run(opts: &Options, sizes: &[usize], only: &[Var]) -> Report {
+    let variants: Vec<Var> = VARIANTS
+        .into_iter()
+        .filter(|v| only.is_empty() || only.contains(v))
+        .collect();
+    let variants = variants.as_slice();
     let started = Instant::now();
     let step = |what: &str| {
         progress(&format!(
@@ -1067,7 +1088,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     // The same settings in every namespace of every variant; clients may
     // reuse TIME_WAIT ports.
     let kernel_at_setup = crate::bridge_nf_off(ctx.spaces());
-    for v in VARIANTS {
+    for &v in variants {
         ctx.pod(v, 2)
             .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
         for b in 0..2 {
@@ -1077,16 +1098,18 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
     }
     ctx.outside()
         .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
-    feed(
-        ctx.node_ns(Var::Ipt),
-        "iptables-restore",
-        &[],
-        &iptables_base(),
-    );
+    if variants.contains(&Var::Ipt) {
+        feed(
+            ctx.node_ns(Var::Ipt),
+            "iptables-restore",
+            &[],
+            &iptables_base(),
+        );
+    }
 
     let mut report = Report {
         name: "services vs number of Services".into(),
-        variants: VARIANTS.iter().map(|v| v.name().to_owned()).collect(),
+        variants: variants.iter().map(|v| v.name().to_owned()).collect(),
         baseline: "iptables".into(),
         ..Default::default()
     };
@@ -1143,7 +1166,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         }
         // Programming, in the listed order (each variant's own node).
         let mut sets = BTreeMap::new();
-        for v in VARIANTS {
+        for &v in variants {
             step(&format!("N={n} programming {}", v.name()));
             let svcs = service_set(n, &ctx.backends(v), &ctx.node_name(v));
             let ms = program(&ctx, v, &svcs, &mut applied, &mut notes);
@@ -1156,7 +1179,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         let cluster = SocketAddr::from((MEASURED_IP, SVC_PORT));
         let udp = SocketAddr::from((MEASURED_IP, UDP_SVC_PORT));
         step(&format!("N={n} warm-up"));
-        for v in VARIANTS {
+        for &v in variants {
             let node_port = SocketAddr::from((ctx.node_ip(v), NODE_PORT));
             for (what, ns, dst) in [
                 ("ClusterIP", ctx.pod(v, 2), cluster),
@@ -1178,7 +1201,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             );
         }
         for round in 0..opts.rounds {
-            for v in crate::rotated(&VARIANTS, round as usize) {
+            for v in crate::rotated(variants, round as usize) {
                 let name = v.name();
                 step(&format!("N={n} round {}/{} {name}", round + 1, opts.rounds));
                 let node_port = SocketAddr::from((ctx.node_ip(v), NODE_PORT));
@@ -1189,9 +1212,12 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                     ("podip", ctx.pod(v, 2), pod_ip),
                     ("nodeport", ctx.outside(), node_port),
                 ] {
-                    let conns = timed_connections(ns, dst, sample);
+                    // Latency at the same offered load for every variant;
+                    // the rate back to back.
+                    let conns = timed_connections(ns, dst, sample, Some(PROBE_PAUSE));
+                    let rate = timed_connections(ns, dst, sample, None);
                     assert!(
-                        !conns.is_empty(),
+                        !conns.is_empty() && !rate.is_empty(),
                         "{name}: no {what} connection succeeded at N={n}"
                     );
                     for (figure, lat) in [
@@ -1212,7 +1238,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                     report.add(
                         &m(&format!("{what}_conns_per_s")),
                         name,
-                        conns.len() as f64 / secs,
+                        rate.len() as f64 / secs,
                     );
                     *counts.entry((m(what), v)).or_default() += conns.len();
                 }
@@ -1224,6 +1250,10 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                 *lost.entry(v).or_default() += missed;
             }
         }
+        if variants.contains(&Var::Rivet) {
+            step(&format!("N={n} rivet's programs (BPF statistics)"));
+            bpf_costs(&ctx, n, sample, &mut report);
+        }
 
         if n == update_n {
             // One new Service (+ slice) at a time, interleaved: ms from the
@@ -1234,7 +1264,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             report.better.insert(metric.clone(), "lower".into());
             report.better.insert(apply_metric.clone(), "lower".into());
             for k in 0..update_samples {
-                for v in crate::rotated(&VARIANTS, k) {
+                for v in crate::rotated(variants, k) {
                     if v == Var::Ipt && n >= IPT_SLOW_N && k >= 2 {
                         continue;
                     }
@@ -1294,7 +1324,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
             probes += update_samples;
             notes.push(format!(
                 "one_service_visible_ms_n{n}: {update_samples} Services added one at a time on top of the N (interleaved, rotated); from the start of the change (rivet: `rivetctl apply -f -` of the Service + its EndpointSlice, process start included; iptables: a full `iptables-restore --noflush` of every kube-proxy chain, as its iptables mode does on any change; nftables: one `nft -f` adding the Service's chains and map elements, as its nftables mode does) to the first connection answered from the client pod, which meanwhile tries every ≤ 5 ms (connect timeout 5 ms); one_service_apply_ms: the change's command alone; iptables takes 2 samples at N ≥ {IPT_SLOW_N} (each restore lasts over a minute at 10,000). p99 (all samples): {}",
-                VARIANTS
+                variants
                     .iter()
                     .map(|v| format!(
                         "{} {:.1} ms",
@@ -1319,7 +1349,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
                 report.better.insert(metric.into(), "higher".into());
             }
             for round in 0..opts.rounds {
-                for v in crate::rotated(&VARIANTS, round as usize) {
+                for v in crate::rotated(variants, round as usize) {
                     step(&format!(
                         "N={n} throughput {}/{} {}",
                         round + 1,
@@ -1349,36 +1379,38 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         }
     }
 
-    // Agent memory with 10,000 Services × 10 backends: after the apply
-    // and after a restart that reads them back from the store.
-    step("10,000 Services × 10 backends");
-    let rss_apply = "agent_rss_mib (10,000 Services x 10 backends, after apply)";
-    let rss_restart = "agent_rss_mib (10,000 Services x 10 backends, after restart)";
-    let big_apply = "apply_ms (10,000 Services x 10 backends)";
-    for metric in [rss_apply, rss_restart, big_apply] {
-        report.better.insert(metric.into(), "lower".into());
+    if variants.contains(&Var::Rivet) {
+        // Agent memory with 10,000 Services × 10 backends: after the apply
+        // and after a restart that reads them back from the store.
+        step("10,000 Services × 10 backends");
+        let rss_apply = "agent_rss_mib (10,000 Services x 10 backends, after apply)";
+        let rss_restart = "agent_rss_mib (10,000 Services x 10 backends, after restart)";
+        let big_apply = "apply_ms (10,000 Services x 10 backends)";
+        for metric in [rss_apply, rss_restart, big_apply] {
+            report.better.insert(metric.into(), "lower".into());
+        }
+        let big: Vec<Svc> = (0..10_000).map(|i| other(i, 10)).collect();
+        let mut scratch = Vec::new();
+        let ms = program(&ctx, Var::Rivet, &big, &mut applied, &mut scratch);
+        notes.extend(scratch);
+        report.add(big_apply, "rivet", ms);
+        let pid = ctx.w.nodes[ctx.rivet_node]
+            .agent()
+            .pid()
+            .expect("agent pid");
+        report.add(rss_apply, "rivet", rss_mib(pid));
+        {
+            let agent = ctx.w.nodes[ctx.rivet_node].agent_mut();
+            agent.stop();
+            agent.restart();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let pid = ctx.w.nodes[ctx.rivet_node]
+            .agent()
+            .pid()
+            .expect("agent pid");
+        report.add(rss_restart, "rivet", rss_mib(pid));
     }
-    let big: Vec<Svc> = (0..10_000).map(|i| other(i, 10)).collect();
-    let mut scratch = Vec::new();
-    let ms = program(&ctx, Var::Rivet, &big, &mut applied, &mut scratch);
-    notes.extend(scratch);
-    report.add(big_apply, "rivet", ms);
-    let pid = ctx.w.nodes[ctx.rivet_node]
-        .agent()
-        .pid()
-        .expect("agent pid");
-    report.add(rss_apply, "rivet", rss_mib(pid));
-    {
-        let agent = ctx.w.nodes[ctx.rivet_node].agent_mut();
-        agent.stop();
-        agent.restart();
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let pid = ctx.w.nodes[ctx.rivet_node]
-        .agent()
-        .pid()
-        .expect("agent pid");
-    report.add(rss_restart, "rivet", rss_mib(pid));
     progress(&format!(
         "services: done in {:.0}s\n",
         started.elapsed().as_secs_f64()
@@ -1404,7 +1436,7 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         opts.rounds,
         warm.as_secs_f64()
     ));
-    report.notes.push("cluster_*: fresh connections from the client pod to the measured ClusterIP, one at a time: connect = the TCP handshake (until connect() returns), exchange = connect + a 1-byte request and its answer (the connect figure up to 2026-12-02), conns_per_s = connect + exchange + close; podip_*: the same from the client pod to backend 0 by its pod IP, no Service (the floor every variant's ClusterIP figure stands on); nodeport_*: the same from the outside host to the node's address and NodePort; udp_rr_*: one datagram and its answer through the ClusterIP's UDP port, each from a fresh socket (a new flow)".into());
+    report.notes.push(format!("cluster_*: fresh connections from the client pod to the measured ClusterIP, one at a time, each {} µs after the previous one closed (the same light offered load for every variant; back to back up to 2026-12-05): connect = the TCP handshake (until connect() returns), exchange = connect + a 1-byte request and its answer (the connect figure up to 2026-12-02); conns_per_s = connect + exchange + close back to back, in a sample of its own; podip_*: the same from the client pod to backend 0 by its pod IP, no Service (the floor every variant's ClusterIP figure stands on); nodeport_*: the same from the outside host to the node's address and NodePort; udp_rr_*: one datagram and its answer through the ClusterIP's UDP port, each from a fresh socket (a new flow)", PROBE_PAUSE.as_micros()));
     report.notes.push("apply_ms: rivet = `rivetctl apply -f` of one List with the N Services and N EndpointSlices (after a `rivetctl delete -f` of the previous size's, untimed); iptables = one `iptables-restore --noflush --counters` of every kube-proxy chain (filter and nat), as kube-proxy's iptables mode writes them at a full sync (KUBE-SERVICES → KUBE-SVC-* with `-m statistic --mode random --probability` → KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-NODEPORTS behind `-m addrtype --dst-type LOCAL` last, KUBE-POSTROUTING masquerade of marked packets; iptables-nft backend, the system's iptables-restore); nftables = one `nft -f` replacing table ip kube-proxy (service-ips verdict map on `ip daddr . meta l4proto . th dport`, per-Service chains with `numgen random mod 2 vmap`, endpoint chains with `dnat to`, NodePorts through `fib daddr type local` and the service-nodeports map, masquerade by mark)".into());
     report.notes.push("agent_rss_mib: rivetd's VmRSS (/proc/<pid>/status) after the apply at each N; with 10,000 Services × 10 backends each: after their apply, and after a restart that reads them back from the store (1 s after it answers)".into());
     report.notes.extend(notes);
@@ -1416,6 +1448,39 @@ pub fn run(opts: &Options, sizes: &[usize]) -> Report {
         crate::ROTATION
     ));
     report
+}
+
+/// rivet's programs per connection at `n` Services: kernel BPF statistics
+/// (on only here, after the measured rounds, so the figures above carry
+/// none of their clock reads) over `sample` of pod-IP and of ClusterIP
+/// connections from the client pod; ns per run of the pod-side TC program
+/// and of the connect4 hook, and their runs per connection.
+fn bpf_costs(ctx: &Ctx, n: usize, sample: Duration, report: &mut Report) {
+    use rivet_common::program_names::{FROM_POD, SOCK_CONNECT4};
+    let node = ctx.rivet_node;
+    // Held for the measurement; closing it turns the statistics off.
+    let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("BPF_ENABLE_STATS");
+    let cluster = SocketAddr::from((MEASURED_IP, SVC_PORT));
+    let pod_ip = SocketAddr::from((ctx.backends(Var::Rivet)[0], POD_PORT));
+    for (what, dst) in [("podip", pod_ip), ("cluster", cluster)] {
+        let before = [FROM_POD, SOCK_CONNECT4].map(|p| crate::prog_stats(&ctx.w, node, p));
+        let conns = timed_connections(ctx.pod(Var::Rivet, 2), dst, sample, None);
+        let after = [FROM_POD, SOCK_CONNECT4].map(|p| crate::prog_stats(&ctx.w, node, p));
+        assert!(!conns.is_empty(), "rivet: no {what} connection at N={n}");
+        for ((prog, b), a) in [FROM_POD, SOCK_CONNECT4].iter().zip(before).zip(after) {
+            let (ns, runs) = (a.0 - b.0, a.1 - b.1);
+            assert!(runs > 0, "{prog} did not run during the {what} connections");
+            let metric = format!("bpf_{prog}_ns_per_run_{what}_n{n}");
+            report.better.insert(metric.clone(), "lower".into());
+            report.add(&metric, "rivet", ns as f64 / runs as f64);
+            report.add(
+                &format!("bpf_{prog}_runs_per_conn_{what}_n{n}"),
+                "rivet",
+                runs as f64 / conns.len() as f64,
+            );
+        }
+    }
+    drop(stats);
 }
 
 /// The goals, stated as met or not with the figures (not asserted).
