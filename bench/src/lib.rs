@@ -66,6 +66,29 @@ pub fn prog_stats(world: &rivet_tests::World, node: usize, prog: &str) -> (u64, 
     (info.run_time().as_nanos() as u64, info.run_count())
 }
 
+/// Records, for `variant`, a program's ns per run (`per_run`, lower is
+/// better) and its runs per unit of `per` (`rate`: per second, per
+/// connection) between two [`prog_stats`] readings; fails when it did not
+/// run at all.
+pub fn record_prog_runs(
+    r: &mut Report,
+    variant: &str,
+    prog: &str,
+    (before, after): ((u64, u64), (u64, u64)),
+    per_run: &str,
+    rate: &str,
+    per: f64,
+) {
+    let (ns, runs) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        runs > 0,
+        "{prog}: the program did not run during the sample"
+    );
+    r.better.insert(per_run.to_owned(), "lower".into());
+    r.add(per_run, variant, ns as f64 / runs as f64);
+    r.add(rate, variant, runs as f64 / per);
+}
+
 /// A process's resident memory (VmRSS) in MiB; NaN when it cannot be
 /// read (the process is gone).
 pub fn rss_mib(pid: u32) -> f64 {

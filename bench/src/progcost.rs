@@ -932,18 +932,14 @@ fn live(opts: &Options, r: &mut Report) {
 /// Records a program's ns per run and runs per second between two
 /// (`run_time_ns`, `run_cnt`) readings `secs` apart.
 fn record_live(r: &mut Report, name: &str, before: (u64, u64), after: (u64, u64), secs: u32) {
-    let (ns, cnt) = (after.0 - before.0, after.1 - before.1);
-    assert!(
-        cnt > 0,
-        "{name}: the program did not run during the transfer"
-    );
-    let per_run = format!("live_{name}_ns_per_run");
-    r.better.insert(per_run.clone(), "lower".into());
-    r.add(&per_run, "live", ns as f64 / cnt as f64);
-    r.add(
-        &format!("live_{name}_runs_per_s"),
+    crate::record_prog_runs(
+        r,
         "live",
-        cnt as f64 / f64::from(secs),
+        name,
+        (before, after),
+        &format!("live_{name}_ns_per_run"),
+        &format!("live_{name}_runs_per_s"),
+        f64::from(secs),
     );
 }
 

@@ -1468,15 +1468,14 @@ fn bpf_costs(ctx: &Ctx, n: usize, sample: Duration, report: &mut Report) {
         let after = [FROM_POD, SOCK_CONNECT4].map(|p| crate::prog_stats(&ctx.w, node, p));
         assert!(!conns.is_empty(), "rivet: no {what} connection at N={n}");
         for ((prog, b), a) in [FROM_POD, SOCK_CONNECT4].iter().zip(before).zip(after) {
-            let (ns, runs) = (a.0 - b.0, a.1 - b.1);
-            assert!(runs > 0, "{prog} did not run during the {what} connections");
-            let metric = format!("bpf_{prog}_ns_per_run_{what}_n{n}");
-            report.better.insert(metric.clone(), "lower".into());
-            report.add(&metric, "rivet", ns as f64 / runs as f64);
-            report.add(
-                &format!("bpf_{prog}_runs_per_conn_{what}_n{n}"),
+            crate::record_prog_runs(
+                report,
                 "rivet",
-                runs as f64 / conns.len() as f64,
+                prog,
+                (b, a),
+                &format!("bpf_{prog}_ns_per_run_{what}_n{n}"),
+                &format!("bpf_{prog}_runs_per_conn_{what}_n{n}"),
+                conns.len() as f64,
             );
         }
     }
