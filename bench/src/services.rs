@@ -1085,19 +1085,18 @@ pub fn run(opts: &Options, sizes: &[usize], only: &[Var]) -> Report {
         ipt,
         nft,
     };
-    // The same settings in every namespace of every variant; clients may
-    // reuse TIME_WAIT ports.
+    // The same settings in every namespace of every variant; clients and
+    // backends keep no TIME_WAIT sockets (`CONNECTION_SYSCTLS`).
     let kernel_at_setup = crate::bridge_nf_off(ctx.spaces());
     for &v in variants {
-        ctx.pod(v, 2)
-            .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+        crate::connection_sysctls(ctx.pod(v, 2));
         for b in 0..2 {
+            crate::connection_sysctls(ctx.pod(v, b));
             one_byte_server(ctx.pod(v, b), POD_PORT);
             udp_echo(ctx.pod(v, b), UDP_POD_PORT);
         }
     }
-    ctx.outside()
-        .run("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    crate::connection_sysctls(ctx.outside());
     if variants.contains(&Var::Ipt) {
         feed(
             ctx.node_ns(Var::Ipt),
@@ -1435,6 +1434,10 @@ pub fn run(opts: &Options, sizes: &[usize], only: &[Var]) -> Report {
         "layout: per variant one node with two backend pods and one client pod, an outside host on the underlay; rivet: rivetd's pods; iptables and nftables: the reference ptp plugin + host-local (no masquerade), kube-proxy's rules in the node namespace. Services: N − 1 others (ClusterIP, two backends each at addresses no pod holds), one single-backend Service for throughput, then the measured Service (both backends; TCP 80 → 8080 with NodePort {NODE_PORT}, UDP 53 → 5353), last in iptables' chain order; {} rounds of {secs} s samples per N after a {} s warm-up of each variant, interleaved",
         opts.rounds,
         warm.as_secs_f64()
+    ));
+    report.notes.push(format!(
+        "clients and backends (every variant): {} (no TIME_WAIT sockets: from 2026-12-06; before, the client's ephemeral ports filled with them)",
+        crate::CONNECTION_SYSCTLS.join(", ")
     ));
     report.notes.push(format!("cluster_*: fresh connections from the client pod to the measured ClusterIP, one at a time, each {} µs after the previous one closed (the same light offered load for every variant; back to back up to 2026-12-05): connect = the TCP handshake (until connect() returns), exchange = connect + a 1-byte request and its answer (the connect figure up to 2026-12-02); conns_per_s = connect + exchange + close back to back, in a sample of its own; podip_*: the same from the client pod to backend 0 by its pod IP, no Service (the floor every variant's ClusterIP figure stands on); nodeport_*: the same from the outside host to the node's address and NodePort; udp_rr_*: one datagram and its answer through the ClusterIP's UDP port, each from a fresh socket (a new flow)", PROBE_PAUSE.as_micros()));
     report.notes.push("apply_ms: rivet = `rivetctl apply -f` of one List with the N Services and N EndpointSlices (after a `rivetctl delete -f` of the previous size's, untimed); iptables = one `iptables-restore --noflush --counters` of every kube-proxy chain (filter and nat), as kube-proxy's iptables mode writes them at a full sync (KUBE-SERVICES → KUBE-SVC-* with `-m statistic --mode random --probability` → KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-NODEPORTS behind `-m addrtype --dst-type LOCAL` last, KUBE-POSTROUTING masquerade of marked packets; iptables-nft backend, the system's iptables-restore); nftables = one `nft -f` replacing table ip kube-proxy (service-ips verdict map on `ip daddr . meta l4proto . th dport`, per-Service chains with `numgen random mod 2 vmap`, endpoint chains with `dnat to`, NodePorts through `fib daddr type local` and the service-nodeports map, masquerade by mark)".into());
