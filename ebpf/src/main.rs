@@ -58,8 +58,8 @@ mod tcp_ts;
 mod verdict;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, SockContext, TcContext},
 };
 
 /// TC ingress on a pod's host-side veth: every packet the pod sends.
@@ -96,13 +96,13 @@ pub fn from_host(ctx: TcContext) -> i32 {
 /// the node's to a hostPort.
 #[cgroup_sock_addr(connect4)]
 pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
-    sock::to_pod(&ctx)
+    sock::to_pod(&ctx, true)
 }
 
 /// cgroup sendmsg4: unconnected UDP datagrams to a Service or hostPort.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::to_pod(&ctx)
+    sock::to_pod(&ctx, false)
 }
 
 /// cgroup recvmsg4: answers show the Service or hostPort address.
@@ -115,6 +115,12 @@ pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
     sock::from_pod(&ctx)
+}
+
+/// cgroup sock_release: a closing socket's translation record goes.
+#[cgroup_sock(sock_release)]
+pub fn sock_release(ctx: SockContext) -> i32 {
+    sock::released(&ctx)
 }
 
 #[cfg(not(test))]

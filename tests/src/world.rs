@@ -295,6 +295,24 @@ impl Node {
         v
     }
 
+    /// Records of the socket hooks in the pinned `SOCK_REVNAT` map: each
+    /// `(key, value)` (a socket sent somewhere else than it asked: what it
+    /// asked for). Panics if the map cannot be read.
+    pub fn sock_revnat_entries(
+        &self,
+    ) -> Vec<(rivet_common::SockRevKey, rivet_common::SockRevTarget)> {
+        use aya::maps::{HashMap, Map, MapData};
+        use rivet_common::{SockRevKey, SockRevTarget, map_names::SOCK_REVNAT};
+        let path = rivet::pins::PinLayout::new(self.pin_dir()).map(SOCK_REVNAT);
+        let data =
+            MapData::from_pin(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        let map = HashMap::<MapData, SockRevKey, SockRevTarget>::try_from(Map::LruHashMap(data))
+            .unwrap_or_else(|e| panic!("{} as the socket records: {e}", path.display()));
+        map.iter()
+            .map(|e| e.unwrap_or_else(|e| panic!("reading {}: {e}", path.display())))
+            .collect()
+    }
+
     /// Host veth ifindexes holding bandwidth limits in the pinned
     /// `BANDWIDTH` map (none when the map is not pinned).
     pub fn bandwidth_entries(&self) -> Vec<u32> {

@@ -959,7 +959,11 @@ fn install_then_uninstall_leaves_no_trace() {
         })
         .map(|p| p.id())
         .collect();
-    assert_eq!(hooks.len(), 4, "socket hooks loaded");
+    assert_eq!(
+        hooks.len(),
+        rivet_common::program_names::SOCKET_HOOKS.len(),
+        "socket hooks loaded"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(agent.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

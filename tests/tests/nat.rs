@@ -767,9 +767,10 @@ fn the_nodes_own_sockets_reach_hostports() {
     ] {
         let before = hook_program_ids(&s.w, s.n);
         let attached = cgroup_attached();
+        let hooks = rivet_common::program_names::SOCKET_HOOKS.len();
         assert!(
-            before.len() == 4 && before.iter().all(|id| attached.contains(id)),
-            "four hooks attached: {before:?} in {attached:?}"
+            before.len() == hooks && before.iter().all(|id| attached.contains(id)),
+            "{hooks} hooks attached: {before:?} in {attached:?}"
         );
         s.w.nodes[s.n].agent_mut().stop_with(signal);
         ask(&s.w.nodes[s.n].ns, localhost).expect("hostPort from the node, agent down");
@@ -778,7 +779,7 @@ fn the_nodes_own_sockets_reach_hostports() {
         let after = hook_program_ids(&s.w, s.n);
         let attached = cgroup_attached();
         assert!(
-            after.len() == 4 && after.iter().all(|id| attached.contains(id)),
+            after.len() == hooks && after.iter().all(|id| attached.contains(id)),
             "new hooks attached: {after:?} in {attached:?}"
         );
         assert!(

@@ -251,6 +251,70 @@ fn cluster_ip_reaches_every_backend_from_pods_and_the_node() {
 }
 
 #[test]
+fn a_closed_socket_takes_its_translation_record_with_it() {
+    let s = setup();
+    s.apply_both(&service("web", ""), &s.slice_of("web", &[0, 1, 2]));
+    let node = &s.w.nodes[0];
+    let ns = &s.w.pods[s.clients[0]].ns;
+    let tcp = SocketAddr::from((CLUSTER_IP, SVC_TCP));
+    let udp = SocketAddr::from((CLUSTER_IP, SVC_UDP));
+    // Every record of the node: (whether it is an unconnected socket's
+    // last destination, the address and port it holds: what was asked
+    // for, or for the last destination the backend's).
+    let records = || -> Vec<(bool, Ipv4Addr, u16)> {
+        let mut v: Vec<_> = node
+            .sock_revnat_entries()
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k.addr == 0,
+                    Ipv4Addr::from(v.addr.to_ne_bytes()),
+                    u16::from_be(v.port),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(records(), vec![], "no record before any socket");
+    // Open sockets hold theirs: a connection, and an unconnected UDP
+    // socket that was answered.
+    let mut conn = ns
+        .exec(|| TcpStream::connect_timeout(&tcp, Duration::from_secs(3)))
+        .expect("connect to the ClusterIP");
+    let mut b = [0u8; 4];
+    conn.read_exact(&mut b).expect("backend answers");
+    let sock = ns
+        .exec(|| UdpSocket::bind(("0.0.0.0", 0)))
+        .expect("udp socket");
+    sock.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    sock.send_to(b"q", udp).expect("send_to");
+    let (_, from) = sock.recv_from(&mut b).expect("UDP answer");
+    assert_eq!(from, udp, "the answer shows the Service address");
+    let open = records();
+    let backend = Ipv4Addr::from(b);
+    assert_eq!(
+        open,
+        vec![
+            (false, CLUSTER_IP, SVC_UDP),
+            (false, CLUSTER_IP, SVC_TCP),
+            (true, backend, POD_UDP)
+        ],
+        "a record per open socket, and the UDP socket's last destination"
+    );
+    drop(conn);
+    drop(sock);
+    // 200 connections and 200 queries from fresh sockets, all closed.
+    for i in 0..200 {
+        reach_tcp(ns, tcp).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        let (_, from) = reach_udp(ns, udp);
+        assert_eq!(from, udp, "query {i}");
+    }
+    assert_eq!(records(), vec![], "closed sockets left records");
+}
+
+#[test]
 fn dns_pattern_two_queries_back_to_back_are_both_answered() {
     let s = setup();
     s.apply_both(&service("dns", ""), &s.slice_of("dns", &[0, 1, 2]));

@@ -288,12 +288,16 @@ pub mod program_names {
     /// cgroup getpeername4: a connected socket's peer shows as the address
     /// the application connected to.
     pub const SOCK_GETPEERNAME4: &str = "sock_getpeername4";
+    /// cgroup sock_release: a closing socket's records of translated
+    /// destinations go with it.
+    pub const SOCK_RELEASE: &str = "sock_release";
     /// The socket hooks, in attach order.
-    pub const SOCKET_HOOKS: [&str; 4] = [
+    pub const SOCKET_HOOKS: [&str; 5] = [
         SOCK_CONNECT4,
         SOCK_SENDMSG4,
         SOCK_RECVMSG4,
         SOCK_GETPEERNAME4,
+        SOCK_RELEASE,
     ];
 }
 
@@ -631,7 +635,9 @@ pub struct SockConfig {
 }
 
 /// Key of the socket reverse-translation map: a socket (its cookie) and the
-/// pod address it was sent to instead (wire order).
+/// pod address it was sent to instead (wire order). Address and port 0: an
+/// unconnected socket's last such destination (the value holds it), what
+/// `sock_release` removes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SockRevKey {

@@ -5,6 +5,7 @@
 //!   maps/<MAP>                 every map of the datapath (rivet_common::map_names::ALL)
 //!   progs/<program>            from_pod from_uplink from_host
 //!                              sock_connect4 sock_sendmsg4 sock_recvmsg4 sock_getpeername4
+//!                              sock_release
 //!   links/ingress-<ifname>     TCX links: the uplink; pods in tcx mode
 //!   links/egress-rivet_host    TCX link of from_host
 //!   hooks/sock_*               cgroup links of the socket hooks (cgroup2 root)

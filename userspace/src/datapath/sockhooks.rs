@@ -1,5 +1,6 @@
 //! The node's own sockets to hostPorts: the cgroup socket-address hooks
 //! (`sock_connect4`, `sock_sendmsg4`, `sock_recvmsg4`, `sock_getpeername4`)
+//! and the socket hook `sock_release` (a closing socket's record goes)
 //! loaded with the object, attached as bpf_links to the cgroup2 root beside
 //! anyone else's programs (links are multi-attach) and pinned under `<pin
 //! dir>/hooks/`. They act only on sockets of the node's network namespace,
@@ -20,11 +21,11 @@ use std::{
 use aya::{
     Ebpf,
     programs::{
-        CgroupAttachMode, CgroupSockAddr, ProgramError,
-        links::{FdLink, PinnedLink},
+        CgroupAttachMode, CgroupSock, CgroupSockAddr, ProgramError,
+        links::{FdLink, LinkError, PinnedLink},
     },
 };
-use rivet_common::program_names::SOCKET_HOOKS;
+use rivet_common::program_names::{SOCK_RELEASE, SOCKET_HOOKS};
 
 use crate::datapath::{
     DatapathError,
@@ -92,21 +93,67 @@ pub fn netns_cookie() -> Result<u64, SockHookError> {
     Ok(cookie)
 }
 
-fn hook_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut CgroupSockAddr, DatapathError> {
+/// A socket hook of either program type.
+enum Hook<'a> {
+    /// A socket-address hook (connect4, sendmsg4, recvmsg4, getpeername4).
+    Addr(&'a mut CgroupSockAddr),
+    /// A socket hook (sock_release).
+    Sock(&'a mut CgroupSock),
+}
+
+impl Hook<'_> {
+    fn load(&mut self) -> Result<(), ProgramError> {
+        match self {
+            Self::Addr(p) => p.load(),
+            Self::Sock(p) => p.load(),
+        }
+    }
+
+    fn pin(&mut self, path: &Path) -> Result<(), aya::pin::PinError> {
+        match self {
+            Self::Addr(p) => p.pin(path),
+            Self::Sock(p) => p.pin(path),
+        }
+    }
+
+    /// Attaches to `cgroup` and hands the link over: the attach failed
+    /// (`Err(Ok)`: the program's error) or the link is not a plain fd link
+    /// (`Err(Err)`). A link (BPF_LINK_CREATE, kernel ≥ 5.7) is always
+    /// attached beside others; its flags must be 0, which `Single` gives.
+    fn attach(&mut self, cgroup: &File) -> Result<FdLink, Result<ProgramError, LinkError>> {
+        let mode = CgroupAttachMode::Single;
+        match self {
+            Self::Addr(p) => {
+                let id = p.attach(cgroup, mode).map_err(Ok)?;
+                FdLink::try_from(p.take_link(id).map_err(Ok)?).map_err(Err)
+            }
+            Self::Sock(p) => {
+                let id = p.attach(cgroup, mode).map_err(Ok)?;
+                FdLink::try_from(p.take_link(id).map_err(Ok)?).map_err(Err)
+            }
+        }
+    }
+}
+
+fn hook_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<Hook<'a>, DatapathError> {
     let err = |source| DatapathError::Program {
         name: name.to_owned(),
         source: Box::new(source),
     };
-    ebpf.program_mut(name)
-        .ok_or_else(|| err(ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(err)
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| err(ProgramError::UnexpectedProgramType))?;
+    if name == SOCK_RELEASE {
+        prog.try_into().map(Hook::Sock).map_err(err)
+    } else {
+        prog.try_into().map(Hook::Addr).map_err(err)
+    }
 }
 
 /// Loads and pins the hooks (with the object).
 pub fn load(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<(), DatapathError> {
     for name in SOCKET_HOOKS {
-        let prog = hook_mut(ebpf, name)?;
+        let mut prog = hook_mut(ebpf, name)?;
         prog.load().map_err(|source| DatapathError::Program {
             name: name.to_owned(),
             source: Box::new(source),
@@ -141,23 +188,16 @@ pub fn attach(
             source: Box::new(source),
         };
         let old = PinnedLink::from_pin(&pin).ok();
-        let prog = hook_mut(ebpf, name)?;
-        let attach_err = |source| DatapathError::Attach {
-            program: name.to_owned(),
-            interface: cgroup.display().to_string(),
-            hook: "cgroup",
-            source: Box::new(source),
-        };
-        // A link (BPF_LINK_CREATE, kernel ≥ 5.7) is always attached
-        // beside others; its flags must be 0, which `Single` gives.
-        let id = prog
-            .attach(&dir, CgroupAttachMode::Single)
-            .map_err(attach_err)?;
-        let link: FdLink = prog
-            .take_link(id)
-            .map_err(attach_err)?
-            .try_into()
-            .map_err(link_err)?;
+        let mut prog = hook_mut(ebpf, name)?;
+        let link = prog.attach(&dir).map_err(|e| match e {
+            Ok(source) => DatapathError::Attach {
+                program: name.to_owned(),
+                interface: cgroup.display().to_string(),
+                hook: "cgroup",
+                source: Box::new(source),
+            },
+            Err(source) => link_err(source),
+        })?;
         ids.push(link.info().map_err(link_err)?.id());
         if let Some(old) = old {
             remove_file_if_exists(&pin).map_err(DatapathError::from)?;
