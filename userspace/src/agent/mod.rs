@@ -34,6 +34,7 @@
 //! and a SIGKILL restart, in both attach modes: 0 lost, same attachments, new
 //! program IDs, never a veth without its program.
 
+mod background;
 mod bgp;
 mod kube;
 mod objects;
@@ -615,7 +616,7 @@ impl Agent {
         tick.tick().await;
         loop {
             tick.tick().await;
-            let (result, collector_back) = match tokio::task::spawn_blocking(move || {
+            let (result, collector_back) = match background::run_idle(move || {
                 let r = collector.collect(crate::nat::monotonic_ns());
                 (r, collector)
             })
