@@ -42,6 +42,8 @@ mod policy;
 mod services;
 pub mod status;
 
+pub use objects::map_large_allocations;
+
 use std::{
     collections::{HashMap, HashSet},
     net::Ipv4Addr,

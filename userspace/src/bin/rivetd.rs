@@ -88,6 +88,8 @@ enum AgentError2 {
 }
 
 fn main() -> ExitCode {
+    // First, before anything is allocated.
+    let large_blocks_mapped = rivet::agent::map_large_allocations();
     // Every knob is a flag too (FileConfig: one definition for both); the
     // flags given are read from `matches` over the file's values.
     // (Cli's last, so that its name, version and about are rivetd's.)
@@ -107,6 +109,11 @@ fn main() -> ExitCode {
         // plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !large_blocks_mapped {
+        tracing::warn!(
+            "the allocator refused a fixed mmap threshold; large blocks stay in the heap"
+        );
+    }
     match run(&cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
