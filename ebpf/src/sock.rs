@@ -22,10 +22,11 @@
 //! port asked for}` in `SOCK_REVNAT` (LRU); `recvmsg4` and `getpeername4`
 //! show what was asked for, so a DNS-like client that checks the answer's
 //! source, or `getpeername`, sees what it asked for. `sock_release`
-//! removes a connected socket's record when it closes, so the table holds
-//! live sockets (and the destinations of unconnected UDP sockets, which
-//! the LRU recycles): a connection's record is never pushed out by those
-//! of closed ones, and no insert has to evict. Without it the table was
+//! removes a closing socket's records — a connected one's, and an
+//! unconnected one's last destination (earlier ones of a socket that was
+//! sent to several backends are left to the LRU) — so the table holds
+//! live sockets: a connection's record is never pushed out by those of
+//! closed ones, and no insert has to evict. Without it the table was
 //! full of closed connections within seconds of a ClusterIP connection
 //! benchmark (65,536 entries), and every connect paid for evictions.
 //!
