@@ -253,7 +253,7 @@ pub fn released(ctx: &SockContext) -> i32 {
         let Some(last) = (unsafe { SOCK_REVNAT.get(key) }).copied() else {
             return PROCEED;
         };
-        let _ = SOCK_REVNAT.remove(&key);
+        let _ = SOCK_REVNAT.remove(key);
         key.addr = last.addr;
         key.port = last.port;
     } else {
@@ -261,6 +261,6 @@ pub fn released(ctx: &SockContext) -> i32 {
         key.port = port;
     }
     // Absent (no translation, or already recycled): nothing to do.
-    let _ = SOCK_REVNAT.remove(&key);
+    let _ = SOCK_REVNAT.remove(key);
     PROCEED
 }
