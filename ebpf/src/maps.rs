@@ -14,9 +14,20 @@
 //! `rivet::datapath` maps/endpoints.rs). Measured: local redirect 125 → 64 ns
 //! per packet net of the empty program (72 with 16,000 other endpoints and
 //! 64,000 NAT entries), BENCHMARKS.md.
+//!
+//! The two tables written for every new connection, `NAT` and
+//! `POLICY_FLOWS`, keep one LRU list per CPU ([`PER_CPU_LRU`]). With the
+//! kernel's common list, every 128th insert on a CPU refills that CPU's free
+//! nodes under the table's global lock, scanning and moving ~400 cold nodes
+//! (tens of µs): measured as the connect p99 of a NodePort growing 63 → 96 µs
+//! within a run, and 67–75 µs with per-CPU lists (BENCHMARKS.md, services).
+//! The cost: each CPU recycles only the entries it created, so a CPU's share
+//! of the table is `max_entries / possible CPUs` (the per-pod NAT quota's
+//! default follows it). The socket-hook tables keep the common list: there a
+//! per-CPU list made `connect4` slower (1,340–1,550 ns against ~500).
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_F_NO_COMMON_LRU, BPF_NOEXIST},
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
@@ -66,10 +77,13 @@ pub static CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
 #[map]
 pub static STATS: PerCpuArray<StatsEntry> = PerCpuArray::with_max_entries(COUNTERS_MAX, 0);
 
+/// LRU tables that keep a list per CPU (module docs).
+const PER_CPU_LRU: u32 = BPF_F_NO_COMMON_LRU;
+
 /// Masqueraded flows, both directions (LRU: a full table recycles the
 /// least recently used flows; the agent's GC expires idle ones first).
 #[map]
-pub static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::with_max_entries(NAT_MAX, 0);
+pub static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::with_max_entries(NAT_MAX, PER_CPU_LRU);
 
 /// Masquerade settings at index 0.
 #[map]
@@ -273,10 +287,10 @@ pub static POLICY_PORTS: LpmTrie<PolicyPortKey, u32> =
 pub static POLICY_PEERS: LpmTrie<PolicyPeerKey, u32> =
     LpmTrie::with_max_entries(POLICY_PEERS_MAX, 0);
 
-/// Flows this node's pods started or accepted (LRU).
+/// Flows this node's pods started or accepted (LRU, a list per CPU).
 #[map]
 pub static POLICY_FLOWS: LruHashMap<FlowKey, FlowState> =
-    LruHashMap::with_max_entries(POLICY_FLOWS_MAX, 0);
+    LruHashMap::with_max_entries(POLICY_FLOWS_MAX, PER_CPU_LRU);
 
 /// New flows NetworkPolicy allowed, by `rivet_common::policy_stat` slot.
 #[map]

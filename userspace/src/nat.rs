@@ -13,7 +13,10 @@
 //! `expired`, `orphaned`) together with `evicted` = entries created
 //! (`NAT_STATS`) − live − removed by the collector: a full table recycles its
 //! least recently used flows, never refuses a new one, and shows it; over 90 %
-//! full the agent logs a warning.
+//! full the agent logs a warning. The table keeps an LRU list per CPU (why:
+//! the datapath's `maps` module): a CPU that has used up its share
+//! (`max_entries` / possible CPUs) recycles its own least recently used
+//! flows, even while other CPUs' shares have room.
 //!
 //! The collector decides on a snapshot of the table and, just before removing a
 //! doomed entry (or a flow's pair), reads it again: one whose `last_seen` moved

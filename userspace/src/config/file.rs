@@ -143,11 +143,12 @@ pub struct FileConfig {
     /// Seconds between NAT table garbage collections (default 10).
     #[arg(long, help_heading = "NAT")]
     pub nat_gc_interval: Option<u64>,
-    /// Capacity of the NAT table, entries (default 131072).
+    /// Capacity of the NAT table, entries (default 131072; LRU with a list
+    /// per CPU: each CPU recycles only the entries it created).
     #[arg(long, help_heading = "NAT")]
     pub nat_max_entries: Option<u32>,
     /// Masqueraded flows one pod may hold at a time, 0 = no limit (default
-    /// nat_max_entries / 8).
+    /// nat_max_entries / 4 / possible CPUs, at most nat_max_entries / 8).
     #[arg(long, help_heading = "NAT")]
     pub nat_max_per_pod: Option<u32>,
 
@@ -185,8 +186,9 @@ pub struct FileConfig {
     /// prefixes (two maps of this size; default 262144).
     #[arg(long, help_heading = "Map capacities")]
     pub max_policy_entries: Option<u32>,
-    /// Capacity of the flow table that lets replies through policy (LRU:
-    /// a full table forgets its least recently used flows; default 262144).
+    /// Capacity of the flow table that lets replies through policy (LRU
+    /// with a list per CPU: a CPU's full share forgets its least recently
+    /// used flows; default 262144).
     #[arg(long, help_heading = "Map capacities")]
     pub max_policy_flows: Option<u32>,
 

@@ -320,14 +320,30 @@ mod tests {
         assert_eq!((c.nat.port_min, c.nat.port_max), DEFAULT_NAT_PORT_RANGE);
         assert_eq!(c.nat.no_masquerade[0], c.cluster_cidr);
         assert_eq!(c.nat.no_masquerade.len(), 1 + ALWAYS_NO_MASQUERADE.len());
-        assert_eq!(c.nat.max_per_pod, rivet_common::NAT_MAX / 8);
+        let cpus = u32::try_from(aya::util::nr_cpus().expect("possible CPUs")).expect("fits");
+        assert_eq!(
+            c.nat.max_per_pod,
+            default_nat_max_per_pod(rivet_common::NAT_MAX, cpus)
+        );
         let c = resolve("node_name = \"n1\"\nnat_max_entries = 4096").expect("valid");
-        assert_eq!(c.nat.max_per_pod, 512, "a quarter of the table's flows");
+        assert_eq!(c.nat.max_per_pod, default_nat_max_per_pod(4096, cpus));
         let c = resolve("node_name = \"n1\"\nnat_max_per_pod = 0").expect("valid");
         assert_eq!(c.nat.max_per_pod, 0, "no limit");
         assert_eq!(c.frag_budget, FragBudget::default());
         let c = resolve("node_name = \"n1\"\nfrag_budget_rate = 0").expect("valid");
         assert_eq!(c.frag_budget.rate, 0, "no budget");
+    }
+
+    #[test]
+    fn the_nat_quota_fits_half_of_one_cpus_share() {
+        // A quarter of the table's flows on up to two CPUs.
+        assert_eq!(default_nat_max_per_pod(4096, 1), 512);
+        assert_eq!(default_nat_max_per_pod(4096, 2), 512);
+        assert_eq!(default_nat_max_per_pod(131_072, 2), 16_384);
+        // Then half of one CPU's share (max / cpus entries, two per flow).
+        assert_eq!(default_nat_max_per_pod(4096, 64), 16);
+        assert_eq!(default_nat_max_per_pod(131_072, 64), 512);
+        assert_eq!(default_nat_max_per_pod(16, 64), 1, "never 0 (no limit)");
     }
 
     #[test]

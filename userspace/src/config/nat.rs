@@ -38,17 +38,31 @@ pub struct NatSettings {
     /// hostPort connection one).
     pub max_entries: u32,
     /// Masqueraded flows one pod may hold at a time (0: no limit); default
-    /// [`default_nat_max_per_pod`] of `max_entries`.
+    /// [`default_nat_max_per_pod`] of `max_entries` and the possible CPUs.
     pub max_per_pod: u32,
 }
 
-/// The default per-pod NAT quota for a table of `max_entries` entries: a
-/// quarter of its flows (a flow takes two entries), so one pod can never
-/// push the others' flows out of the LRU table — it takes four pods at
-/// their quota to fill it.
-pub const fn default_nat_max_per_pod(max_entries: u32) -> u32 {
-    let q = max_entries / 8;
+/// The default per-pod NAT quota for a table of `max_entries` entries on a
+/// node with `cpus` possible CPUs: the flows of half of one CPU's share
+/// (`max_entries / cpus`; a flow takes two entries, and the table keeps an
+/// LRU list per CPU, so a CPU recycles only what it created), and at most
+/// a quarter of the table's flows. One pod at its quota on one CPU can never
+/// push out the other flows that CPU holds; on two CPUs or fewer it takes
+/// four pods at their quota to fill the table.
+pub const fn default_nat_max_per_pod(max_entries: u32, cpus: u32) -> u32 {
+    let cpus = if cpus < 2 { 2 } else { cpus };
+    let q = max_entries / 4 / cpus;
     if q == 0 { 1 } else { q }
+}
+
+/// The node's possible CPUs (what the kernel sizes per-CPU map parts by).
+fn possible_cpus() -> Result<u32, ConfigError> {
+    aya::util::nr_cpus()
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        .map_err(|(path, source)| ConfigError::Read {
+            path: path.into(),
+            source,
+        })
 }
 
 pub(super) fn nat_settings(
@@ -96,7 +110,7 @@ pub(super) fn nat_settings(
         n => return Err(invalid("nat_max_entries", n, "must be 16..=16777216")),
     };
     let max_per_pod = match file.nat_max_per_pod {
-        None => default_nat_max_per_pod(max_entries),
+        None => default_nat_max_per_pod(max_entries, possible_cpus()?),
         Some(n) if n <= max_entries / 2 => n,
         Some(n) => {
             return Err(invalid(

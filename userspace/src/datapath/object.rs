@@ -240,6 +240,26 @@ mod tests {
     }
 
     #[test]
+    fn the_tables_written_per_connection_keep_an_lru_list_per_cpu() {
+        if OBJECT.is_empty() {
+            eprintln!("built with AYA_BUILD_SKIP=1: no object to compare");
+            return;
+        }
+        // The kernel's BPF_F_NO_COMMON_LRU (linux/bpf.h).
+        const NO_COMMON_LRU: u32 = 1 << 1;
+        let obj = aya_obj::Object::parse(OBJECT).expect("the embedded object parses");
+        for (name, def) in &obj.maps {
+            let per_cpu = def.map_flags() & NO_COMMON_LRU != 0;
+            let expected = [
+                rivet_common::map_names::NAT,
+                rivet_common::map_names::POLICY_FLOWS,
+            ]
+            .contains(&name.as_str());
+            assert_eq!(per_cpu, expected, "{name}: flags {:#x}", def.map_flags());
+        }
+    }
+
+    #[test]
     fn layouts_read_as_the_kernel_types() {
         assert_eq!(
             layout_text((MapKind::LruHash as u32, 16, 24)),
