@@ -922,3 +922,53 @@ fn idle_flows_are_forgotten() {
         );
     });
 }
+
+/// A datagram on the tuple of a forgotten flow (idle past its timeout)
+/// makes it a flow again: its entry is refreshed where it is, so the
+/// answer passes the sender's isolated ingress.
+#[test]
+fn a_new_packet_on_a_forgotten_tuple_refreshes_its_flow() {
+    with_harness(|h| {
+        let (a, b) = (h.a, h.b);
+        let udp_flow = flow(a.ip, b.ip, 5353, 53, IPPROTO_UDP);
+        let stale = monotonic_ns()
+            .checked_sub(121 * 1_000_000_000)
+            .expect("the machine has been up longer than the idle time tested");
+        put_flow(h, udp_flow, stale);
+        isolate(h, a, endpoint_flags::POLICY_INGRESS);
+        let answer = h.pod_frame(b, &datagram(b.ip, a.ip, 53, 5353));
+        h.expect(
+            FROM_POD,
+            &answer,
+            b.host_ifindex,
+            TC_ACT_SHOT,
+            Counter::DropPolicyIngress,
+        );
+
+        let before = monotonic_ns();
+        let query = h.pod_frame(a, &datagram(a.ip, b.ip, 5353, 53));
+        h.expect(
+            FROM_POD,
+            &query,
+            a.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+        assert_eq!(flows(h), set([udp_flow]), "one entry for the tuple");
+        let map: HashMap<&MapData, FlowKey, FlowState> =
+            HashMap::try_from(h.ebpf.map(map_names::POLICY_FLOWS).expect("map")).expect("hash");
+        let seen = map.get(&udp_flow, 0).expect("the flow's entry").seen;
+        assert!(
+            seen >= before,
+            "seen {seen} not refreshed (sent at {before})"
+        );
+
+        h.expect(
+            FROM_POD,
+            &answer,
+            b.host_ifindex,
+            TC_ACT_REDIRECT,
+            Counter::FwdLocal,
+        );
+    });
+}
