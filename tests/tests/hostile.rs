@@ -1242,10 +1242,8 @@ fn nat_flood_into_a_small_table_is_stopped_by_the_pod_quota() {
         .sock
         .send_all(frames.iter().map(Vec::as_slice))
         .expect("flood");
-    let quota = u64::from(rivet::config::default_nat_max_per_pod(
-        4096,
-        u32::try_from(aya::util::nr_cpus().expect("possible CPUs")).expect("fits"),
-    ));
+    let cpus = rivet::config::possible_cpus().expect("possible CPUs");
+    let quota = u64::from(rivet::config::default_nat_max_per_pod(4096, cpus));
     let after = wait_counter(&w, n, &before, Counter::DropNatQuota, sent - quota);
     let nat = nat_status_fresh(&w, n);
     let (out, refused) = (

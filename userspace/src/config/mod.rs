@@ -39,7 +39,10 @@ pub use self::{
         DEFAULT_FRAG_BUDGET_BURST, DEFAULT_FRAG_BUDGET_RATE, FragBudget, MIN_FRAG_BUDGET_BURST,
         MapLimits,
     },
-    nat::{ALWAYS_NO_MASQUERADE, DEFAULT_NAT_PORT_RANGE, NatSettings, default_nat_max_per_pod},
+    nat::{
+        ALWAYS_NO_MASQUERADE, DEFAULT_NAT_PORT_RANGE, NatSettings, default_nat_max_per_pod,
+        possible_cpus,
+    },
     node::{DEFAULT_BPFFS, DEFAULT_GATEWAY, DEFAULT_METRICS_ADDR, DEFAULT_POD_CIDR},
 };
 
@@ -320,7 +323,7 @@ mod tests {
         assert_eq!((c.nat.port_min, c.nat.port_max), DEFAULT_NAT_PORT_RANGE);
         assert_eq!(c.nat.no_masquerade[0], c.cluster_cidr);
         assert_eq!(c.nat.no_masquerade.len(), 1 + ALWAYS_NO_MASQUERADE.len());
-        let cpus = u32::try_from(aya::util::nr_cpus().expect("possible CPUs")).expect("fits");
+        let cpus = possible_cpus().expect("possible CPUs");
         assert_eq!(
             c.nat.max_per_pod,
             default_nat_max_per_pod(rivet_common::NAT_MAX, cpus)

@@ -56,7 +56,7 @@ pub const fn default_nat_max_per_pod(max_entries: u32, cpus: u32) -> u32 {
 }
 
 /// The node's possible CPUs (what the kernel sizes per-CPU map parts by).
-fn possible_cpus() -> Result<u32, ConfigError> {
+pub fn possible_cpus() -> Result<u32, ConfigError> {
     aya::util::nr_cpus()
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
         .map_err(|(path, source)| ConfigError::Read {
