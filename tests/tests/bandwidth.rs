@@ -364,6 +364,73 @@ fn a_flood_beyond_the_limit_leaves_other_pods_alone() {
     );
 }
 
+/// What the shaper class `class` of `dev` has sent (bytes, packets), from
+/// `tc -s class show` in `ns`; fails when the class is not there.
+fn class_sent(ns: &Netns, dev: &str, class: &str) -> (u64, u64) {
+    let text = ns.run("tc", &["-s", "class", "show", "dev", dev]);
+    let head = format!("class htb {class} ");
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(&head));
+    assert!(lines.next().is_some(), "no class {class} on {dev}:\n{text}");
+    let sent = lines
+        .next()
+        .and_then(|l| l.trim().strip_prefix("Sent "))
+        .unwrap_or_else(|| panic!("no Sent line for {class} on {dev}:\n{text}"));
+    let mut words = sent.split_whitespace();
+    let bytes = words.next().and_then(|v| v.parse().ok());
+    let packets = words.nth(1).and_then(|v| v.parse().ok());
+    match (bytes, packets) {
+        (Some(b), Some(p)) => (b, p),
+        _ => panic!("Sent line of {class} on {dev} unread: {sent}"),
+    }
+}
+
+/// Each limited direction queues small packets (pings, TCP acks) apart
+/// from bulk and serves them first: pings from and to a limited pod pass
+/// through its small-packet class, a TCP flow through its bulk class, in
+/// the pod's own qdisc (egress) and the host veth's (ingress).
+#[test]
+fn small_packets_queue_apart_from_bulk() {
+    let _serial = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let limited = w.add_pod_with_bandwidth(n, both(50 * MBIT));
+    let peer = w.add_pod(n);
+    let host = w.pods[limited].endpoint.host_ifname.clone();
+    let sides = [
+        ("egress", &w.pods[limited].ns, "eth0"),
+        ("ingress", &w.nodes[n].ns, host.as_str()),
+    ];
+    let read = |class: &str| sides.map(|(_, ns, dev)| class_sent(ns, dev, class));
+    let (small0, bulk0) = (read("2:1"), read("2:2"));
+    let pings = ping_times(&w.pods[limited].ns, w.pods[peer].ip, 50, 0.01);
+    assert_eq!(pings.len(), 50, "pings answered: {pings:?}");
+    for reverse in [false, true] {
+        let r = measure(&w, limited, peer, 6051, Load::tcp(2, 1).reversed(reverse));
+        assert!(r.mean_from(1) > 0.0, "no goodput: {r:?}");
+    }
+    let (small1, bulk1) = (read("2:1"), read("2:2"));
+    for (i, (direction, _, dev)) in sides.iter().enumerate() {
+        let small = (small1[i].0 - small0[i].0, small1[i].1 - small0[i].1);
+        let bulk = (bulk1[i].0 - bulk0[i].0, bulk1[i].1 - bulk0[i].1);
+        eprintln!("{direction} ({dev}): small {small:?}, bulk {bulk:?} (bytes, packets)");
+        assert!(
+            small.1 >= 50,
+            "{direction}: {} small packets for 50 pings",
+            small.1
+        );
+        assert!(
+            bulk.0 >= 2_000_000,
+            "{direction}: the bulk class sent {} bytes of a 2 s flow at 50 Mbit/s",
+            bulk.0
+        );
+        // Frames of IPv4 packets under 256 bytes: under 270 on average.
+        assert!(
+            small.0 < 270 * small.1,
+            "{direction}: the small class took larger packets: {small:?}"
+        );
+    }
+}
+
 /// Limits survive an agent restart (SIGTERM and SIGKILL): the qdiscs stay
 /// with the veths, the map entry is pinned, the record keeps them.
 #[test]

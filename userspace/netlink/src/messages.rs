@@ -16,6 +16,8 @@ use netlink_packet_route::{
     tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
 };
 
+use netlink_packet_route::RouteNetlinkMessage;
+
 /// Facts about a link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkInfo {
@@ -198,7 +200,7 @@ pub struct Tbf {
 
 /// `tc qdisc replace dev <index> root handle 1: tbf rate … burst … limit …`
 /// (the rate linklayer-aware: no rate table needed).
-pub fn tbf(index: u32, t: &Tbf) -> TcMessage {
+fn tbf(index: u32, t: &Tbf) -> TcMessage {
     use netlink_packet_core::DefaultNla;
     // struct tc_tbf_qopt: rate and peakrate (struct tc_ratespec: cell_log,
     // linklayer, overhead, cell_align, mpu, rate), limit, buffer, mtu.
@@ -231,6 +233,144 @@ pub fn tbf(index: u32, t: &Tbf) -> TcMessage {
         )));
     }
     msg.attributes.push(TcAttribute::Options(options));
+    msg
+}
+
+/// The handle of a shaper's queue scheduler, the child of its [`tbf`].
+const SHAPER_QUEUES: TcHandle = TcHandle { major: 2, minor: 0 };
+/// The shaper's queue for small packets, served first.
+pub const SHAPER_SMALL: TcHandle = TcHandle { major: 2, minor: 1 };
+/// The shaper's queue for everything else.
+pub const SHAPER_BULK: TcHandle = TcHandle { major: 2, minor: 2 };
+/// An IPv4 packet whose total length is under this is small.
+pub const SHAPER_SMALL_BYTES: u16 = 256;
+
+/// A rate-limited link's whole queueing tree, in the order it is built:
+/// the [`tbf`] at the root (the rate; a GSO packet larger than its burst is
+/// cut into frames there), and below it, in place of `tbf`'s single FIFO,
+/// an `htb` used as a strict-priority scheduler (its classes' rates far
+/// above any limit, so they never shape): [`SHAPER_SMALL`] for IPv4
+/// packets shorter than [`SHAPER_SMALL_BYTES`] (pings, TCP acks, DNS; a
+/// `u32` filter on the total length's high byte) served before
+/// [`SHAPER_BULK`] (the rest), each a byte FIFO of `t.limit`. A ping then
+/// waits for the packet on the wire, not behind a flow's queue.
+pub fn shaper(index: u32, t: &Tbf) -> Vec<RouteNetlinkMessage> {
+    let mut out = vec![RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t))];
+    out.push(RouteNetlinkMessage::NewQueueDiscipline(htb_root(index)));
+    for (class, prio) in [(SHAPER_SMALL, 0), (SHAPER_BULK, 1)] {
+        out.push(RouteNetlinkMessage::NewTrafficClass(htb_class(
+            index, class, prio,
+        )));
+        out.push(RouteNetlinkMessage::NewQueueDiscipline(bfifo(
+            index, class, t.limit,
+        )));
+    }
+    out.push(RouteNetlinkMessage::NewTrafficFilter(small_packets_filter(
+        index,
+    )));
+    out
+}
+
+/// `tc qdisc add dev <index> parent 1:1 handle 2: htb default 2`: the
+/// queues below the `tbf` (its one class is 1:1).
+fn htb_root(index: u32) -> TcMessage {
+    use netlink_packet_core::DefaultNla;
+    const TCA_HTB_INIT: u16 = 2;
+    // struct tc_htb_glob: version, rate2quantum, defcls, debug, direct_pkts.
+    let mut glob = Vec::with_capacity(20);
+    for field in [3u32, 10, u32::from(SHAPER_BULK.minor), 0, 0] {
+        glob.extend_from_slice(&field.to_ne_bytes());
+    }
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = TcHandle { major: 1, minor: 1 };
+    msg.header.handle = SHAPER_QUEUES;
+    msg.attributes.push(TcAttribute::Kind("htb".into()));
+    msg.attributes
+        .push(TcAttribute::Options(vec![TcOption::Other(
+            DefaultNla::new(TCA_HTB_INIT, glob),
+        )]));
+    msg
+}
+
+/// `tc class add dev <index> parent 2: classid <class> htb rate R ceil R
+/// prio <prio>` with R the largest a `tc_ratespec` holds (4.29 GB/s):
+/// a class that orders, never shapes.
+fn htb_class(index: u32, class: TcHandle, prio: u32) -> TcMessage {
+    use netlink_packet_core::DefaultNla;
+    const TC_LINKLAYER_ETHERNET: u8 = 1;
+    const TCA_HTB_PARMS: u16 = 1;
+    /// A millisecond in `psched` ticks (64 ns): the classes' bucket.
+    const BUFFER_TICKS: u32 = 1_000_000 >> 6;
+    const QUANTUM: u32 = 65_536;
+    // struct tc_htb_opt: rate and ceil (struct tc_ratespec: cell_log,
+    // linklayer, overhead, cell_align, mpu, rate), buffer, cbuffer,
+    // quantum, level, prio.
+    let mut parms = Vec::with_capacity(44);
+    for _ in 0..2 {
+        parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
+        parms.extend_from_slice(&u32::MAX.to_ne_bytes());
+    }
+    for field in [BUFFER_TICKS, BUFFER_TICKS, QUANTUM, 0, prio] {
+        parms.extend_from_slice(&field.to_ne_bytes());
+    }
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = SHAPER_QUEUES;
+    msg.header.handle = class;
+    msg.attributes.push(TcAttribute::Kind("htb".into()));
+    msg.attributes
+        .push(TcAttribute::Options(vec![TcOption::Other(
+            DefaultNla::new(TCA_HTB_PARMS, parms),
+        )]));
+    msg
+}
+
+/// `tc qdisc add dev <index> parent <class> bfifo limit <limit>`.
+fn bfifo(index: u32, class: TcHandle, limit: u32) -> TcMessage {
+    use netlink_packet_core::DefaultNla;
+    const TCA_OPTIONS: u16 = 2;
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = class;
+    msg.header.handle = TcHandle {
+        major: class.major + class.minor,
+        minor: 0,
+    };
+    msg.attributes.push(TcAttribute::Kind("bfifo".into()));
+    // struct tc_fifo_qopt { limit } as the options themselves, not nested.
+    msg.attributes.push(TcAttribute::Other(DefaultNla::new(
+        TCA_OPTIONS,
+        limit.to_ne_bytes().to_vec(),
+    )));
+    msg
+}
+
+/// `tc filter add dev <index> parent 2: protocol ip prio 1 u32 match u8 0
+/// 0xff at 2 classid 2:1`: an IPv4 packet whose total length's high byte
+/// is zero (shorter than [`SHAPER_SMALL_BYTES`]) goes to [`SHAPER_SMALL`].
+fn small_packets_filter(index: u32) -> TcMessage {
+    use netlink_packet_route::tc::{
+        TcFilterU32Option, TcU32Key, TcU32Selector, TcU32SelectorFlags,
+    };
+    /// `ETH_P_IP` in network order.
+    const ETH_P_IP_BE: u32 = 0x0008;
+    const _: () = assert!(SHAPER_SMALL_BYTES == 256, "the key tests one byte");
+    let mut key = TcU32Key::default();
+    // The second half of the 32-bit word at the IPv4 header's start:
+    // total length; its high byte.
+    key.mask = 0x0000_ff00;
+    key.val = 0;
+    key.off = 0;
+    let mut sel = TcU32Selector::default();
+    sel.flags = TcU32SelectorFlags::Terminal;
+    sel.nkeys = 1;
+    sel.keys = vec![key];
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = SHAPER_QUEUES;
+    msg.header.info = 1 << 16 | ETH_P_IP_BE;
+    msg.attributes.push(TcAttribute::Kind("u32".into()));
+    msg.attributes.push(TcAttribute::Options(vec![
+        TcOption::U32(TcFilterU32Option::ClassId(SHAPER_SMALL)),
+        TcOption::U32(TcFilterU32Option::Selector(sel)),
+    ]));
     msg
 }
 

@@ -13,7 +13,7 @@ use crate::{
     Error,
     messages::{
         LinkInfo, QdiscStats, Tbf, link_gso_max_size, link_info, link_named, root_qdisc,
-        root_qdisc_stats, tbf,
+        root_qdisc_stats, shaper,
     },
 };
 
@@ -218,13 +218,20 @@ impl RouteSocket {
         }
     }
 
-    /// Makes a [`Tbf`] the root qdisc of link `index` (replacing the one
-    /// there).
-    pub fn replace_tbf(&mut self, index: u32, t: &Tbf) -> Result<(), Error> {
-        self.request(
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-            RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t)),
-        )
+    /// Makes the [`shaper`] tree of `t` the root qdisc of link `index`
+    /// (replacing the one there): every part or, on an error, the error
+    /// of the first part refused (the parts before it stay; deleting the
+    /// root removes them).
+    pub fn replace_shaper(&mut self, index: u32, t: &Tbf) -> Result<(), Error> {
+        let parts = shaper(index, t);
+        let answers = self.acknowledge(parts.into_iter().enumerate().map(|(i, msg)| {
+            let replace = if i == 0 { NLM_F_REPLACE } else { NLM_F_EXCL };
+            (NLM_F_REQUEST | NLM_F_CREATE | replace, msg)
+        }))?;
+        match answers.into_iter().find(|e| e.code.is_some()) {
+            Some(e) => Err(Error::Kernel(e)),
+            None => Ok(()),
+        }
     }
 
     /// Sets the largest GSO packet the stack builds for link `index`.
