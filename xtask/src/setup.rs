@@ -16,6 +16,9 @@ use anyhow::{Context as _, Result, bail};
 /// still missing after the install is named here instead of surfacing as
 /// a build error later.
 const APT_PACKAGES: &[(&str, &[&str])] = &[
+    // rivetd's allocator (jemalloc) is built from C with make.
+    ("make", &["/usr/bin/make"]),
+    ("gcc", &["/usr/bin/gcc"]),
     (
         "iproute2",
         &["/usr/sbin/ip", "/usr/sbin/tc", "/usr/sbin/bridge"],

@@ -126,7 +126,7 @@ impl ObjectSink for Agent {
         let count = objects.len();
         // A large list's transient copies (the client's pages, the typed
         // objects) go back to the system once it is stored.
-        let _trim = (count >= TRIM_AFTER_OBJECTS).then_some(super::objects::TrimHeap);
+        let _trim = (count >= TRIM_AFTER_OBJECTS).then_some(super::heap::TrimHeap);
         let result = {
             let mut state = self.lock().await;
             let staged = state.objects.stage_replace(kind, objects);

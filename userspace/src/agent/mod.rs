@@ -36,13 +36,12 @@
 
 mod background;
 mod bgp;
+pub mod heap;
 mod kube;
 mod objects;
 mod policy;
 mod services;
 pub mod status;
-
-pub use objects::map_large_allocations;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -385,7 +384,7 @@ impl Agent {
             },
         )?;
         // What reading the store back allocated on the way is handed back.
-        let _trim = objects::TrimHeap;
+        let _trim = heap::TrimHeap;
         match services::update(
             &mut services,
             &mut dp,

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Instant};
 
 use rivet_api::{ApiError, ErrorKind, ObjectResult};
 
-use super::{Agent, NodeState};
+use super::{Agent, NodeState, heap::TrimHeap};
 use crate::objects::{self, DocumentError, Kind, Object, ObjectKey, ObjectSet, Outcome, Staged};
 use crate::services::ServiceRefs;
 
@@ -28,42 +28,6 @@ const PREPARE_ASIDE_FILES: usize = 16;
 
 /// Documents at least this long are followed by a heap trim.
 const TRIM_AFTER_BYTES: usize = 1 << 20;
-
-/// Hands the heap's free memory back to the system when dropped: parsing a
-/// large document (10,000 Services: 13 MB of JSON, a few hundred MB of
-/// transient trees) leaves glibc holding it, and the agent's resident size
-/// would stay at that peak (383 MiB measured, 108 MiB after a restart).
-pub(super) struct TrimHeap;
-
-impl Drop for TrimHeap {
-    fn drop(&mut self) {
-        // SAFETY: malloc_trim only returns free heap pages to the kernel;
-        // it touches no live allocation and is thread-safe in glibc.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    }
-}
-
-/// Blocks of at least this size come straight from `mmap` and go back to
-/// the kernel when freed.
-const MMAP_THRESHOLD_BYTES: libc::c_int = 128 * 1024;
-
-/// Fixes glibc's mmap threshold at [`MMAP_THRESHOLD_BYTES`] for the
-/// process (call once, at start). glibc raises it by default each time a
-/// mapped block is freed (up to 32 MiB), after which the large tables of
-/// big applies and deletes come from the heap and stay there, fragmented:
-/// with 30,000 Services applied and deleted, then 10,000 × 10 backends
-/// applied, rivetd held 187.9 MiB; with the threshold fixed here
-/// 149.2–164.3 MiB in four runs (2026-12-06; 92.5 after a restart either
-/// way). The same threshold given through glibc's environment
-/// (`MALLOC_MMAP_THRESHOLD_=131072`) gave 113.0 and 127.8 MiB; why the two
-/// differ is not known. Returns whether the allocator took it.
-pub fn map_large_allocations() -> bool {
-    // SAFETY: mallopt only sets an allocator parameter; called first in
-    // main, before other threads exist.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 }
-}
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, message)
@@ -123,9 +87,9 @@ impl Agent {
             // The parser's garbage is interleaved with the objects in its
             // thread's heap pages, which then stay half used for good:
             // the objects are copied out, so those pages free up whole and
-            // the trim hands them back (10,000 Services × 10 backends: 288
-            // MiB resident after the apply otherwise, 108 MiB read back
-            // from the store).
+            // the trim hands them back (10,000 Services × 10 backends,
+            // glibc's malloc: 288 MiB resident after the apply otherwise,
+            // 108 MiB read back from the store).
             parsed = parsed.to_vec();
         }
         if parsed.is_empty() {
@@ -371,13 +335,5 @@ impl Agent {
             ));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_allocator_takes_a_fixed_mmap_threshold() {
-        assert!(super::map_large_allocations());
     }
 }

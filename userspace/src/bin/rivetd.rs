@@ -19,6 +19,10 @@ use rivet::{
     server::waiting::Waiting,
 };
 
+/// jemalloc, not glibc's malloc: see [`rivet::agent::heap`].
+#[global_allocator]
+static ALLOCATOR: agent::heap::Allocator = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "rivetd",
@@ -88,8 +92,6 @@ enum AgentError2 {
 }
 
 fn main() -> ExitCode {
-    // First, before anything is allocated.
-    let large_blocks_mapped = rivet::agent::map_large_allocations();
     // Every knob is a flag too (FileConfig: one definition for both); the
     // flags given are read from `matches` over the file's values.
     // (Cli's last, so that its name, version and about are rivetd's.)
@@ -109,11 +111,6 @@ fn main() -> ExitCode {
         // plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if !large_blocks_mapped {
-        tracing::warn!(
-            "the allocator refused a fixed mmap threshold; large blocks stay in the heap"
-        );
-    }
     match run(&cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
