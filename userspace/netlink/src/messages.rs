@@ -5,7 +5,7 @@
 use std::{net::Ipv4Addr, os::fd::RawFd};
 
 use netlink_packet_route::{
-    AddressFamily,
+    AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
     link::{self, InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
@@ -15,8 +15,6 @@ use netlink_packet_route::{
     },
     tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
 };
-
-use netlink_packet_route::RouteNetlinkMessage;
 
 /// Facts about a link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,32 +269,45 @@ pub fn shaper(index: u32, t: &Tbf) -> Vec<RouteNetlinkMessage> {
     out
 }
 
+/// A tc message of `kind` for `parent`/`handle` on link `index`, its
+/// options `struct_bytes` as attribute `option` (the kernel's options
+/// structs carried as they are).
+fn tc_struct(
+    index: u32,
+    (parent, handle): (TcHandle, TcHandle),
+    kind: &str,
+    option: u16,
+    struct_bytes: Vec<u8>,
+) -> TcMessage {
+    use netlink_packet_core::DefaultNla;
+    let mut msg = TcMessage::with_index(index as i32);
+    msg.header.parent = parent;
+    msg.header.handle = handle;
+    msg.attributes.push(TcAttribute::Kind(kind.into()));
+    msg.attributes
+        .push(TcAttribute::Options(vec![TcOption::Other(
+            DefaultNla::new(option, struct_bytes),
+        )]));
+    msg
+}
+
 /// `tc qdisc add dev <index> parent 1:1 handle 2: htb default 2`: the
 /// queues below the `tbf` (its one class is 1:1).
 fn htb_root(index: u32) -> TcMessage {
-    use netlink_packet_core::DefaultNla;
     const TCA_HTB_INIT: u16 = 2;
     // struct tc_htb_glob: version, rate2quantum, defcls, debug, direct_pkts.
     let mut glob = Vec::with_capacity(20);
     for field in [3u32, 10, u32::from(SHAPER_BULK.minor), 0, 0] {
         glob.extend_from_slice(&field.to_ne_bytes());
     }
-    let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = TcHandle { major: 1, minor: 1 };
-    msg.header.handle = SHAPER_QUEUES;
-    msg.attributes.push(TcAttribute::Kind("htb".into()));
-    msg.attributes
-        .push(TcAttribute::Options(vec![TcOption::Other(
-            DefaultNla::new(TCA_HTB_INIT, glob),
-        )]));
-    msg
+    let tbf_class = TcHandle { major: 1, minor: 1 };
+    tc_struct(index, (tbf_class, SHAPER_QUEUES), "htb", TCA_HTB_INIT, glob)
 }
 
 /// `tc class add dev <index> parent 2: classid <class> htb rate R ceil R
 /// prio <prio>` with R the largest a `tc_ratespec` holds (4.29 GB/s):
 /// a class that orders, never shapes.
 fn htb_class(index: u32, class: TcHandle, prio: u32) -> TcMessage {
-    use netlink_packet_core::DefaultNla;
     const TC_LINKLAYER_ETHERNET: u8 = 1;
     const TCA_HTB_PARMS: u16 = 1;
     /// A millisecond in `psched` ticks (64 ns): the classes' bucket.
@@ -313,15 +324,7 @@ fn htb_class(index: u32, class: TcHandle, prio: u32) -> TcMessage {
     for field in [BUFFER_TICKS, BUFFER_TICKS, QUANTUM, 0, prio] {
         parms.extend_from_slice(&field.to_ne_bytes());
     }
-    let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = SHAPER_QUEUES;
-    msg.header.handle = class;
-    msg.attributes.push(TcAttribute::Kind("htb".into()));
-    msg.attributes
-        .push(TcAttribute::Options(vec![TcOption::Other(
-            DefaultNla::new(TCA_HTB_PARMS, parms),
-        )]));
-    msg
+    tc_struct(index, (SHAPER_QUEUES, class), "htb", TCA_HTB_PARMS, parms)
 }
 
 /// `tc qdisc add dev <index> parent <class> bfifo limit <limit>`.
