@@ -401,14 +401,14 @@ fn small_packets_queue_apart_from_bulk() {
         ("ingress", &w.nodes[n].ns, host.as_str()),
     ];
     let read = |class: &str| sides.map(|(_, ns, dev)| class_sent(ns, dev, class));
-    let (small0, bulk0) = (read("2:1"), read("2:2"));
+    let (small0, bulk0) = (read("1:2"), read("1:3"));
     let pings = ping_times(&w.pods[limited].ns, w.pods[peer].ip, 50, 0.01);
     assert_eq!(pings.len(), 50, "pings answered: {pings:?}");
     for reverse in [false, true] {
         let r = measure(&w, limited, peer, 6051, Load::tcp(2, 1).reversed(reverse));
         assert!(r.mean_from(1) > 0.0, "no goodput: {r:?}");
     }
-    let (small1, bulk1) = (read("2:1"), read("2:2"));
+    let (small1, bulk1) = (read("1:2"), read("1:3"));
     for (i, (direction, _, dev)) in sides.iter().enumerate() {
         let small = (small1[i].0 - small0[i].0, small1[i].1 - small0[i].1);
         let bulk = (bulk1[i].0 - bulk0[i].0, bulk1[i].1 - bulk0[i].1);

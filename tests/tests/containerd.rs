@@ -270,9 +270,9 @@ fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
     );
     let host = w.nodes[n]
         .ns
-        .run("tc", &["qdisc", "show", "dev", &ep.host_ifname]);
+        .run("tc", &["class", "show", "dev", &ep.host_ifname]);
     assert!(
-        host.contains("tbf") && host.contains("rate 10Mbit"),
+        host.contains("class htb 1:1 root rate 10Mbit"),
         "host veth: {host}"
     );
     let inside = |args: &[&str]| {
@@ -284,13 +284,13 @@ fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
         assert!(out.status.success(), "{args:?} in the pod: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let pod = inside(&["tc", "qdisc", "show", "dev", &ep.ifname]);
+    let pod = inside(&["tc", "class", "show", "dev", &ep.ifname]);
     assert!(
-        pod.contains("tbf") && pod.contains("rate 20Mbit"),
+        pod.contains("class htb 1:1 root rate 20Mbit"),
         "pod eth0: {pod}"
     );
     // 4 s from the pod to the node: the receiver's total within the limit
-    // (its first second included, the burst is 10 ms of the rate).
+    // (its first second included, the burst is a millisecond of the rate).
     let _server = ChildOnDrop(
         w.nodes[n]
             .ns

@@ -149,15 +149,6 @@ pub fn link_up(index: u32) -> LinkMessage {
     msg
 }
 
-/// `ip link set dev <index> gso_max_size <size>`: the largest GSO packet
-/// the stack builds for the link.
-pub fn link_gso_max_size(index: u32, size: u32) -> LinkMessage {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.attributes.push(LinkAttribute::GsoMaxSize(size));
-    msg
-}
-
 /// The link called `name` (to look it up or delete it: `ip link show|del
 /// <name>`).
 pub fn link_named(name: &str) -> LinkMessage {
@@ -184,83 +175,74 @@ pub fn clsact(index: u32) -> TcMessage {
     msg
 }
 
-/// A token bucket filter: rate in bytes/s, bucket (burst) and queue
-/// (limit) in bytes.
+/// What shapes one direction of a link: the rate in bytes/s, the bucket
+/// (burst) and the queue (limit) in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tbf {
+pub struct Shaper {
     /// Rate, bytes per second.
     pub rate: u64,
     /// Bucket depth, bytes: sent at line rate after idle.
     pub burst: u32,
-    /// Queue, bytes: beyond it packets are dropped.
+    /// Queue, bytes, per class: beyond it packets are dropped.
     pub limit: u32,
 }
 
-/// `tc qdisc replace dev <index> root handle 1: tbf rate … burst … limit …`
-/// (the rate linklayer-aware: no rate table needed).
-fn tbf(index: u32, t: &Tbf) -> TcMessage {
-    use netlink_packet_core::DefaultNla;
-    // struct tc_tbf_qopt: rate and peakrate (struct tc_ratespec: cell_log,
-    // linklayer, overhead, cell_align, mpu, rate), limit, buffer, mtu.
-    const TC_LINKLAYER_ETHERNET: u8 = 1;
-    const TCA_TBF_PARMS: u16 = 1;
-    const TCA_TBF_RATE64: u16 = 4;
-    const TCA_TBF_BURST: u16 = 6;
-    let mut parms = Vec::with_capacity(36);
-    parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
-    parms.extend_from_slice(&u32::try_from(t.rate).unwrap_or(u32::MAX).to_ne_bytes());
-    parms.extend_from_slice(&[0; 12]);
-    parms.extend_from_slice(&t.limit.to_ne_bytes());
-    parms.extend_from_slice(&0u32.to_ne_bytes());
-    parms.extend_from_slice(&0u32.to_ne_bytes());
-    let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = TcHandle::ROOT;
-    msg.header.handle = TcHandle { major: 1, minor: 0 };
-    msg.attributes.push(TcAttribute::Kind("tbf".into()));
-    let mut options = vec![
-        TcOption::Other(DefaultNla::new(TCA_TBF_PARMS, parms)),
-        TcOption::Other(DefaultNla::new(
-            TCA_TBF_BURST,
-            t.burst.to_ne_bytes().to_vec(),
-        )),
-    ];
-    if t.rate > u64::from(u32::MAX) {
-        options.push(TcOption::Other(DefaultNla::new(
-            TCA_TBF_RATE64,
-            t.rate.to_ne_bytes().to_vec(),
-        )));
-    }
-    msg.attributes.push(TcAttribute::Options(options));
-    msg
-}
-
-/// The handle of a shaper's queue scheduler, the child of its [`tbf`].
-const SHAPER_QUEUES: TcHandle = TcHandle { major: 2, minor: 0 };
-/// The shaper's queue for small packets, served first.
-pub const SHAPER_SMALL: TcHandle = TcHandle { major: 2, minor: 1 };
-/// The shaper's queue for everything else.
-pub const SHAPER_BULK: TcHandle = TcHandle { major: 2, minor: 2 };
+/// The shaper's root qdisc (`htb`).
+const SHAPER_ROOT: TcHandle = TcHandle { major: 1, minor: 0 };
+/// The class holding the rate; the two below share it.
+pub const SHAPER_RATE: TcHandle = TcHandle { major: 1, minor: 1 };
+/// The class of small packets, served first.
+pub const SHAPER_SMALL: TcHandle = TcHandle { major: 1, minor: 2 };
+/// The class of everything else.
+pub const SHAPER_BULK: TcHandle = TcHandle { major: 1, minor: 3 };
 /// An IPv4 packet whose total length is under this is small.
 pub const SHAPER_SMALL_BYTES: u16 = 256;
+/// The small class's own share of the rate, 1/this (it borrows the rest
+/// of the rate when the bulk class leaves it unused).
+pub const SHAPER_SMALL_SHARE: u64 = 10;
 
-/// A rate-limited link's whole queueing tree, in the order it is built:
-/// the [`tbf`] at the root (the rate; a GSO packet larger than its burst is
-/// cut into frames there), and below it, in place of `tbf`'s single FIFO,
-/// an `htb` used as a strict-priority scheduler (its classes' rates far
-/// above any limit, so they never shape): [`SHAPER_SMALL`] for IPv4
-/// packets shorter than [`SHAPER_SMALL_BYTES`] (pings, TCP acks, DNS; a
-/// `u32` filter on the total length's high byte) served before
-/// [`SHAPER_BULK`] (the rest), each a byte FIFO of `t.limit`. A ping then
-/// waits for the packet on the wire, not behind a flow's queue.
-pub fn shaper(index: u32, t: &Tbf) -> Vec<RouteNetlinkMessage> {
-    let mut out = vec![RouteNetlinkMessage::NewQueueDiscipline(tbf(index, t))];
-    out.push(RouteNetlinkMessage::NewQueueDiscipline(htb_root(index)));
-    for (class, prio) in [(SHAPER_SMALL, 0), (SHAPER_BULK, 1)] {
+/// A rate-limited link's whole queueing tree, in the order it is built: an
+/// `htb` at the root whose class [`SHAPER_RATE`] holds the rate and burst
+/// of `s`, with two leaves sharing it: [`SHAPER_SMALL`] for IPv4 packets
+/// shorter than [`SHAPER_SMALL_BYTES`] (pings, TCP acks, DNS; a `u32`
+/// filter on the total length's high byte), guaranteed
+/// 1/[`SHAPER_SMALL_SHARE`] of the rate and served first, and
+/// [`SHAPER_BULK`] (the rest) with the remainder; either may borrow up to
+/// the whole rate. Each leaf is a byte FIFO of `s.limit`. `htb` lets a
+/// packet go while its class is not in debt and charges it whole (a GSO
+/// packet by the frames it becomes), so a 64 KiB packet leaves whole and
+/// the bulk class waits out the debt, while a small packet goes on the
+/// small class's own tokens: a ping waits for neither the flow's queue nor
+/// the packet before it.
+pub fn shaper(index: u32, s: &Shaper) -> Vec<RouteNetlinkMessage> {
+    let small = s.rate / SHAPER_SMALL_SHARE;
+    let mut out = vec![
+        RouteNetlinkMessage::NewQueueDiscipline(htb_root(index)),
+        RouteNetlinkMessage::NewTrafficClass(htb_class(
+            index,
+            (SHAPER_ROOT, SHAPER_RATE),
+            HtbRates {
+                rate: s.rate,
+                ceil: s.rate,
+                burst: s.burst,
+                prio: 0,
+            },
+        )),
+    ];
+    for (class, rate, prio) in [(SHAPER_SMALL, small, 0), (SHAPER_BULK, s.rate - small, 1)] {
+        let rates = HtbRates {
+            rate: rate.max(1),
+            ceil: s.rate,
+            burst: s.burst,
+            prio,
+        };
         out.push(RouteNetlinkMessage::NewTrafficClass(htb_class(
-            index, class, prio,
+            index,
+            (SHAPER_RATE, class),
+            rates,
         )));
         out.push(RouteNetlinkMessage::NewQueueDiscipline(bfifo(
-            index, class, t.limit,
+            index, class, s.limit,
         )));
     }
     out.push(RouteNetlinkMessage::NewTrafficFilter(small_packets_filter(
@@ -269,30 +251,30 @@ pub fn shaper(index: u32, t: &Tbf) -> Vec<RouteNetlinkMessage> {
     out
 }
 
-/// A tc message of `kind` for `parent`/`handle` on link `index`, its
-/// options `struct_bytes` as attribute `option` (the kernel's options
-/// structs carried as they are).
-fn tc_struct(
+/// A tc message of `kind` for `parent`/`handle` on link `index` with the
+/// nested `options` (attribute type, the kernel's struct or value as it
+/// is).
+fn tc_options(
     index: u32,
     (parent, handle): (TcHandle, TcHandle),
     kind: &str,
-    option: u16,
-    struct_bytes: Vec<u8>,
+    options: Vec<(u16, Vec<u8>)>,
 ) -> TcMessage {
     use netlink_packet_core::DefaultNla;
     let mut msg = TcMessage::with_index(index as i32);
     msg.header.parent = parent;
     msg.header.handle = handle;
     msg.attributes.push(TcAttribute::Kind(kind.into()));
-    msg.attributes
-        .push(TcAttribute::Options(vec![TcOption::Other(
-            DefaultNla::new(option, struct_bytes),
-        )]));
+    msg.attributes.push(TcAttribute::Options(
+        options
+            .into_iter()
+            .map(|(kind, value)| TcOption::Other(DefaultNla::new(kind, value)))
+            .collect(),
+    ));
     msg
 }
 
-/// `tc qdisc add dev <index> parent 1:1 handle 2: htb default 2`: the
-/// queues below the `tbf` (its one class is 1:1).
+/// `tc qdisc replace dev <index> root handle 1: htb default 3`.
 fn htb_root(index: u32) -> TcMessage {
     const TCA_HTB_INIT: u16 = 2;
     // struct tc_htb_glob: version, rate2quantum, defcls, debug, direct_pkts.
@@ -300,31 +282,57 @@ fn htb_root(index: u32) -> TcMessage {
     for field in [3u32, 10, u32::from(SHAPER_BULK.minor), 0, 0] {
         glob.extend_from_slice(&field.to_ne_bytes());
     }
-    let tbf_class = TcHandle { major: 1, minor: 1 };
-    tc_struct(index, (tbf_class, SHAPER_QUEUES), "htb", TCA_HTB_INIT, glob)
+    tc_options(
+        index,
+        (TcHandle::ROOT, SHAPER_ROOT),
+        "htb",
+        vec![(TCA_HTB_INIT, glob)],
+    )
 }
 
-/// `tc class add dev <index> parent 2: classid <class> htb rate R ceil R
-/// prio <prio>` with R the largest a `tc_ratespec` holds (4.29 GB/s):
-/// a class that orders, never shapes.
-fn htb_class(index: u32, class: TcHandle, prio: u32) -> TcMessage {
+/// One `htb` class's figures: rate and ceiling in bytes/s, the bucket of
+/// each in bytes, and its priority (lower first).
+#[derive(Debug, Clone, Copy)]
+struct HtbRates {
+    rate: u64,
+    ceil: u64,
+    burst: u32,
+    prio: u32,
+}
+
+/// `tc class add dev <index> parent <parent> classid <class> htb rate …
+/// ceil … burst … cburst … prio … quantum 64K` (linklayer-aware rates: no
+/// rate tables; 64-bit rates as their own attributes).
+fn htb_class(index: u32, handles: (TcHandle, TcHandle), r: HtbRates) -> TcMessage {
     const TC_LINKLAYER_ETHERNET: u8 = 1;
     const TCA_HTB_PARMS: u16 = 1;
-    /// A millisecond in `psched` ticks (64 ns): the classes' bucket.
-    const BUFFER_TICKS: u32 = 1_000_000 >> 6;
+    const TCA_HTB_RATE64: u16 = 6;
+    const TCA_HTB_CEIL64: u16 = 7;
     const QUANTUM: u32 = 65_536;
+    // The bucket as the time `rate` takes to send it, in psched ticks
+    // (64 ns).
+    let ticks = |rate: u64| {
+        let ns = u128::from(r.burst) * 1_000_000_000 / u128::from(rate.max(1));
+        u32::try_from(ns >> 6).unwrap_or(u32::MAX)
+    };
     // struct tc_htb_opt: rate and ceil (struct tc_ratespec: cell_log,
     // linklayer, overhead, cell_align, mpu, rate), buffer, cbuffer,
     // quantum, level, prio.
     let mut parms = Vec::with_capacity(44);
-    for _ in 0..2 {
+    for rate in [r.rate, r.ceil] {
         parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
-        parms.extend_from_slice(&u32::MAX.to_ne_bytes());
+        parms.extend_from_slice(&u32::try_from(rate).unwrap_or(u32::MAX).to_ne_bytes());
     }
-    for field in [BUFFER_TICKS, BUFFER_TICKS, QUANTUM, 0, prio] {
+    for field in [ticks(r.rate), ticks(r.ceil), QUANTUM, 0, r.prio] {
         parms.extend_from_slice(&field.to_ne_bytes());
     }
-    tc_struct(index, (SHAPER_QUEUES, class), "htb", TCA_HTB_PARMS, parms)
+    let mut options = vec![(TCA_HTB_PARMS, parms)];
+    for (kind, rate) in [(TCA_HTB_RATE64, r.rate), (TCA_HTB_CEIL64, r.ceil)] {
+        if rate > u64::from(u32::MAX) {
+            options.push((kind, rate.to_ne_bytes().to_vec()));
+        }
+    }
+    tc_options(index, handles, "htb", options)
 }
 
 /// `tc qdisc add dev <index> parent <class> bfifo limit <limit>`.
@@ -346,8 +354,8 @@ fn bfifo(index: u32, class: TcHandle, limit: u32) -> TcMessage {
     msg
 }
 
-/// `tc filter add dev <index> parent 2: protocol ip prio 1 u32 match u8 0
-/// 0xff at 2 classid 2:1`: an IPv4 packet whose total length's high byte
+/// `tc filter add dev <index> parent 1: protocol ip prio 1 u32 match u8 0
+/// 0xff at 2 classid 1:2`: an IPv4 packet whose total length's high byte
 /// is zero (shorter than [`SHAPER_SMALL_BYTES`]) goes to [`SHAPER_SMALL`].
 fn small_packets_filter(index: u32) -> TcMessage {
     use netlink_packet_route::tc::{
@@ -367,7 +375,7 @@ fn small_packets_filter(index: u32) -> TcMessage {
     sel.nkeys = 1;
     sel.keys = vec![key];
     let mut msg = TcMessage::with_index(index as i32);
-    msg.header.parent = SHAPER_QUEUES;
+    msg.header.parent = SHAPER_ROOT;
     msg.header.info = 1 << 16 | ETH_P_IP_BE;
     msg.attributes.push(TcAttribute::Kind("u32".into()));
     msg.attributes.push(TcAttribute::Options(vec![

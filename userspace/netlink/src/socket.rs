@@ -12,8 +12,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use crate::{
     Error,
     messages::{
-        LinkInfo, QdiscStats, Tbf, link_gso_max_size, link_info, link_named, root_qdisc,
-        root_qdisc_stats, shaper,
+        LinkInfo, QdiscStats, Shaper, link_info, link_named, root_qdisc, root_qdisc_stats, shaper,
     },
 };
 
@@ -222,7 +221,7 @@ impl RouteSocket {
     /// (replacing the one there): every part or, on an error, the error
     /// of the first part refused (the parts before it stay; deleting the
     /// root removes them).
-    pub fn replace_shaper(&mut self, index: u32, t: &Tbf) -> Result<(), Error> {
+    pub fn replace_shaper(&mut self, index: u32, t: &Shaper) -> Result<(), Error> {
         let parts = shaper(index, t);
         let answers = self.acknowledge(parts.into_iter().enumerate().map(|(i, msg)| {
             let replace = if i == 0 { NLM_F_REPLACE } else { NLM_F_EXCL };
@@ -232,14 +231,6 @@ impl RouteSocket {
             Some(e) => Err(Error::Kernel(e)),
             None => Ok(()),
         }
-    }
-
-    /// Sets the largest GSO packet the stack builds for link `index`.
-    pub fn set_gso_max_size(&mut self, index: u32, size: u32) -> Result<(), Error> {
-        self.request(
-            NLM_F_REQUEST | NLM_F_ACK,
-            RouteNetlinkMessage::SetLink(link_gso_max_size(index, size)),
-        )
     }
 
     /// The counters of every root qdisc of `kind` in the namespace.

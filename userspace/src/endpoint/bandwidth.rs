@@ -10,48 +10,48 @@
 //! streams, bursts of 10 and 100 ms; 2026-12-02) — with pod-to-pod round
 //! trips of tens of microseconds every drop hits a sender whose window is
 //! far above what the bucket passes, and it retransmits into the same
-//! empty bucket. A queue is needed, so each limited direction gets a `tbf`
-//! qdisc and the datapath makes every path cross it (`ebpf/src/bandwidth.rs`):
-//! - egress: `tbf` as the root qdisc of the pod's `eth0`. The sender's own
-//!   stack feels the queue (TCP small queues): TCP slows down instead of
-//!   losing packets, and the queue holds about a millisecond of each flow,
-//!   so other traffic of the pod waits little. `from_pod` checks the result
-//!   against a token bucket at the same rate and twice the queue deep, which
-//!   only traffic sent around the qdisc can exceed (`drop_bandwidth`).
-//! - ingress: `tbf` as the root qdisc of the host-side veth; deliveries
+//! empty bucket. A queue is needed, so each limited direction gets an
+//! `htb` qdisc tree (`rivet_netlink::messages::shaper`) and the datapath
+//! makes every path cross it (`ebpf/src/bandwidth.rs`):
+//! - egress: the tree is the root qdisc of the pod's `eth0`. The sender's
+//!   own stack feels the queue (TCP small queues): TCP slows down instead
+//!   of losing packets. `from_pod` checks the result against a token bucket
+//!   at the same rate and twice the queue deep, which only traffic sent
+//!   around the qdisc can exceed (`drop_bandwidth`).
+//! - ingress: the tree is the root qdisc of the host-side veth; deliveries
 //!   into a pod with an ingress limit use `bpf_redirect` to that veth's
 //!   egress instead of `bpf_redirect_peer` (which skips it).
 //!
-//! **Queue and burst.** The queue ([`queue_bytes`]) holds 10 ms of the rate
-//! (at least four full frames; on the egress side at least 64 KiB, which
-//! the sender's own stack never fills): the latency a saturating flow adds
-//! to its own packets stays about 10 ms, where the reference plugin's tbf
-//! queues 25 ms plus the whole burst. The burst (the qdisc's bucket) is the
+//! **Why `htb`, not `tbf`.** Both charge a GSO packet by the frames it
+//! becomes, so both are exact over time. `tbf` sends a packet only once
+//! its bucket holds the whole of it, and holds the packet at the head of
+//! its queue meanwhile: a 64 KiB packet at 100 Mbit/s keeps everything
+//! behind it, a ping included, for 5.2 ms, unless the bucket is so small
+//! that `tbf` cuts GSO packets into frames — which costs the receiving pod
+//! 3–4× the CPU per byte. `htb` sends a packet while its class is not in
+//! debt and charges it afterwards, so GSO packets leave whole, and it
+//! serves small packets (pings, TCP acks, DNS) from a class of their own
+//! with tokens of its own, so they wait for neither the flow's queue nor
+//! the packet before them. Measured in two namespaces, one iperf3 flow
+//! and pings every 10 ms (2026-12-06, p99 added by the flow; goodput ÷
+//! rate; machine CPU-s per GB): ingress at 100 Mbit/s, `tbf` (1 ms burst,
+//! small packets first) 0.16 ms, 0.956, 6.1 → `htb` 0.06 ms, 0.957, 1.4–1.8;
+//! at 10 Mbit/s 3.4 ms → 0.06 ms; egress at 1 Gbit/s 0.58 → 0.06 ms.
+//!
+//! **Queue and burst.** Each class's queue ([`queue_bytes`]) holds 10 ms
+//! of the rate and at least two whole GSO packets — a queue shorter than
+//! one drops every such packet, and TCP stalls (measured at 10 Mbit/s with
+//! a 12.5 KB queue: 0.8 % of the rate). The burst (the bucket) is the
 //! requested one but at most a millisecond of the rate ([`burst_bytes`], at
 //! least four frames): runtimes pass huge bursts (containerd's CRI sends
 //! 2³²−1 bits, "no limit"), and the reference plugin's 512 MiB bucket lets a
-//! 15 Mbit/s pod send at line rate for seconds; and `tbf` cuts a GSO packet
-//! larger than its burst into frames, so a 64 KiB packet neither meets a
-//! queue too small for it whole (measured: with a 125 KB burst and a 12.5 KB
-//! queue at 10 Mbit/s, TCP got 0.5 % of the rate) nor holds the link for
-//! milliseconds at once.
-//!
-//! **Small packets first.** Below each `tbf` the queue is two
-//! (`rivet_netlink::messages::shaper`): IPv4 packets under 256 bytes
-//! (pings, TCP acks, DNS) in one, served first, the rest in the other. A
-//! ping under a saturating flow then waits for the packet the `tbf` holds,
-//! not for the flow's queue. Measured in two namespaces with the same
-//! `tbf` (2026-12-06, ping p99 under one iperf3 flow, 300 pings): at
-//! 100 Mbit/s 1.94 → 0.96 ms (egress, GSO packets of a millisecond),
-//! 8.93 → 4.41 ms with a 10 ms burst and 0.18 ms with a 1 ms one (ingress,
-//! 64 KiB GSO packets); at 1 Gbit/s 3.47 → 0.61 ms; TCP goodput unchanged
-//! (0.953–0.958× the rate).
+//! 15 Mbit/s pod send at line rate for seconds.
 
 use std::path::Path;
 
 use rivet_api::{Bandwidth, BandwidthFigures, Endpoint, EndpointState};
 use rivet_common::{Bucket, PodBandwidth, bandwidth_dir};
-use rivet_netlink::{RouteSocket, messages::Tbf};
+use rivet_netlink::{RouteSocket, messages::Shaper};
 
 use super::{EndpointError, Endpoints};
 use crate::{datapath::Datapath, netlink::netns};
@@ -60,25 +60,12 @@ use crate::{datapath::Datapath, netlink::netns};
 pub const GSO_MAX_BYTES: u64 = 65_536 + 2_048;
 /// The queue holds this many milliseconds of the rate…
 pub const QUEUE_MS: u64 = 10;
-/// …and at least this many bytes (four full frames).
-pub const MIN_QUEUE_BYTES: u64 = 4 * 1_514;
-/// The bucket (burst) holds at most this many milliseconds of the rate
-/// (and at least [`MIN_QUEUE_BYTES`]).
+/// …and at least this many bytes: two whole GSO packets.
+pub const MIN_QUEUE_BYTES: u64 = 2 * GSO_MAX_BYTES;
+/// The bucket (burst) holds at most this many milliseconds of the rate…
 pub const BURST_MS: u64 = 1;
-/// The egress queue (on the pod's `eth0`) holds at least this much.
-pub const EGRESS_MIN_QUEUE_BYTES: u32 = 65_536;
-
-/// The largest GSO packet a pod whose egress is shaped at `rate` bytes/s
-/// builds: about a millisecond of the rate, at least two frames, at most
-/// the kernel's default. Its TCP then hands the qdisc packets the size of
-/// what it may send in a millisecond instead of 64 KiB at once, which the
-/// qdisc would have to cut into frames and drop the tail of (measured at
-/// 10 Mbit/s: 1,635 retransmits and 3,166 drops in 5 s before, 0 and 64
-/// after; ping under the flow max 9.8 → 5.0 ms, at 100 Mbit/s 9.3 → 2.0 ms).
-pub fn pod_gso_max_size(rate: Option<u64>) -> u32 {
-    const DEFAULT: u64 = 65_536;
-    rate.map_or(DEFAULT, |r| (r / 1_000).clamp(2 * 1_514, DEFAULT)) as u32
-}
+/// …and at least this many bytes (four full frames).
+pub const MIN_BURST_BYTES: u64 = 4 * 1_514;
 
 /// True when `bw` limits either direction.
 pub fn limits_any(bw: Option<&Bandwidth>) -> bool {
@@ -87,7 +74,7 @@ pub fn limits_any(bw: Option<&Bandwidth>) -> bool {
 
 /// The largest bucket of a qdisc shaping at `rate` bytes/s.
 pub fn burst_bytes(rate: u64) -> u64 {
-    (rate * BURST_MS / 1_000).max(MIN_QUEUE_BYTES)
+    (rate * BURST_MS / 1_000).max(MIN_BURST_BYTES)
 }
 
 /// The queue of a qdisc shaping at `rate` bytes/s.
@@ -97,14 +84,14 @@ pub fn queue_bytes(rate: u64) -> u64 {
 
 /// The qdisc shaping one direction (rate in bits/s, burst in bits); `None`
 /// for a zero rate (no limit).
-pub fn shaper(rate_bits: u64, burst_bits: u64) -> Option<Tbf> {
+pub fn shaper(rate_bits: u64, burst_bits: u64) -> Option<Shaper> {
     let rate = rate_bits / 8;
     if rate == 0 {
         return None;
     }
     let queue = queue_bytes(rate);
-    let burst = (burst_bits / 8).clamp(MIN_QUEUE_BYTES, burst_bytes(rate));
-    Some(Tbf {
+    let burst = (burst_bits / 8).clamp(MIN_BURST_BYTES, burst_bytes(rate));
+    Some(Shaper {
         rate,
         burst: u32::try_from(burst).unwrap_or(u32::MAX),
         limit: u32::try_from(queue).unwrap_or(u32::MAX),
@@ -112,13 +99,13 @@ pub fn shaper(rate_bits: u64, burst_bits: u64) -> Option<Tbf> {
 }
 
 /// The datapath's bucket for a direction shaped by `t`: the qdisc's
-/// burst, with `slack` (twice the queue and a GSO packet more) for the
-/// egress check behind the qdisc. The queue, not the burst: what the qdisc
+/// burst, with `slack` (both classes' queues and a GSO packet more) for
+/// the egress check behind the qdisc. The queues, not the burst: what the qdisc
 /// releases reaches the check after the softirq gets to it, and a burst
 /// of a millisecond is shorter than that delay can be (measured: 13
 /// packets dropped over the 1 Gbit/s cells of `tests/tests/bandwidth.rs`
 /// with twice the burst, 2.5 ms at that rate).
-fn bucket(t: Option<&Tbf>, slack: bool) -> Bucket {
+fn bucket(t: Option<&Shaper>, slack: bool) -> Bucket {
     let Some(t) = t else {
         return Bucket::default();
     };
@@ -137,21 +124,13 @@ fn bucket(t: Option<&Tbf>, slack: bool) -> Bucket {
 
 /// What `bw` calls for: the qdiscs by [`bandwidth_dir`], and the map entry
 /// (`None` when it limits nothing).
-pub fn plan(bw: Option<&Bandwidth>) -> ([Option<Tbf>; 2], Option<PodBandwidth>) {
+pub fn plan(bw: Option<&Bandwidth>) -> ([Option<Shaper>; 2], Option<PodBandwidth>) {
     let Some(bw) = bw.filter(|b| b.limits_any()) else {
         return ([None, None], None);
     };
     let mut shapers = [None, None];
-    // Egress: the pod's own stack waits for the queue (it never fills
-    // past a few packets per flow), so a longer one costs no latency and
-    // keeps many flows from overflowing it — measured at 10 Mbit/s with 4
-    // streams and a 10 ms queue (8 frames): a stream starved until its
-    // socket timed out.
     shapers[bandwidth_dir::EGRESS] =
-        shaper(bw.egress_rate.unwrap_or(0), bw.egress_burst.unwrap_or(0)).map(|t| Tbf {
-            limit: t.limit.max(EGRESS_MIN_QUEUE_BYTES),
-            ..t
-        });
+        shaper(bw.egress_rate.unwrap_or(0), bw.egress_burst.unwrap_or(0));
     shapers[bandwidth_dir::INGRESS] =
         shaper(bw.ingress_rate.unwrap_or(0), bw.ingress_burst.unwrap_or(0));
     let mut pod = PodBandwidth::default();
@@ -177,16 +156,16 @@ fn netlink_err(what: String) -> impl FnOnce(rivet_netlink::Error) -> EndpointErr
 
 /// Sets (`Some`) or removes (`None`) the root qdisc of link `index` in the
 /// calling thread's namespace. A new limit replaces the qdisc whole (the
-/// old one is deleted first): `tbf` changed in place keeps the packets it
-/// queued, and one larger than the new burst never leaves — measured: a
-/// TCP flow whose limit went from 200 to 20 Mbit/s stalled for good with
-/// two 60 KB packets stuck in the queue. Between the two steps (well under
+/// old one is deleted first): a qdisc changed in place keeps the packets
+/// it queued for the old rate (measured with `tbf`: a TCP flow whose limit
+/// went from 200 to 20 Mbit/s stalled for good with two 60 KB packets
+/// stuck in the queue). Between the two steps (well under
 /// a millisecond) the pod's traffic is not shaped.
 fn set_qdisc(
     nl: &mut RouteSocket,
     index: u32,
     name: &str,
-    t: Option<&Tbf>,
+    t: Option<&Shaper>,
 ) -> Result<(), EndpointError> {
     nl.delete_root_qdisc(index)
         .map_err(netlink_err(format!("removing the shaper of {name}")))?;
@@ -206,7 +185,7 @@ pub(super) fn shape(
     host: &str,
     netns_path: &str,
     ifname: &str,
-    shapers: &[Option<Tbf>; 2],
+    shapers: &[Option<Shaper>; 2],
 ) -> Result<(), EndpointError> {
     let mut nl =
         RouteSocket::open().map_err(|e| EndpointError::Other(format!("netlink socket: {e}")))?;
@@ -224,8 +203,6 @@ pub(super) fn shape(
             .link_by_name(ifname)
             .map_err(netlink_err(format!("looking up {ifname} in the pod")))?
             .ok_or_else(|| EndpointError::Missing(format!("{ifname} is gone from the pod")))?;
-        nl.set_gso_max_size(link.index, pod_gso_max_size(egress.map(|t| t.rate)))
-            .map_err(netlink_err(format!("sizing GSO packets of {ifname}")))?;
         set_qdisc(&mut nl, link.index, ifname, egress.as_ref())
     })?
 }
@@ -241,7 +218,7 @@ pub fn figures(limited: &[(Endpoint, Option<PodBandwidth>)]) -> Vec<BandwidthFig
     }
     let host: Vec<rivet_netlink::messages::QdiscStats> = RouteSocket::open()
         .map_err(|e| e.to_string())
-        .and_then(|mut nl| nl.root_qdiscs("tbf").map_err(|e| e.to_string()))
+        .and_then(|mut nl| nl.root_qdiscs("htb").map_err(|e| e.to_string()))
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading the host veths' qdiscs");
             Vec::new()
@@ -281,7 +258,7 @@ pub fn figures(limited: &[(Endpoint, Option<PodBandwidth>)]) -> Vec<BandwidthFig
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| format!("{ifname} is gone"))?
                     .index;
-                let all = nl.root_qdiscs("tbf").map_err(|e| e.to_string())?;
+                let all = nl.root_qdiscs("htb").map_err(|e| e.to_string())?;
                 all.into_iter()
                     .find(|q| q.index == index)
                     .ok_or_else(|| format!("no shaper on {ifname}"))
@@ -385,10 +362,11 @@ mod tests {
 
     #[test]
     fn burst_is_the_request_within_a_millisecond() {
-        // 100 Mbit/s: queue 10 ms = 125,000 bytes; a 1 Mbit burst is cut
-        // to a millisecond, 12,500 bytes; a 64 Kbit one fits.
+        // 100 Mbit/s: queue 10 ms = 125,000 bytes, less than two GSO
+        // packets: 135,168; a 1 Mbit burst is cut to a millisecond, 12,500
+        // bytes; a 64 Kbit one fits.
         let t = shaper(100_000_000, 1_000_000).expect("a limit");
-        assert_eq!((t.rate, t.burst, t.limit), (12_500_000, 12_500, 125_000));
+        assert_eq!((t.rate, t.burst, t.limit), (12_500_000, 12_500, 135_168));
         let t = shaper(100_000_000, 64_000).expect("a limit");
         assert_eq!(t.burst, 8_000);
         // containerd's "no limit" burst at 160 Mbit/s: a millisecond.
@@ -396,20 +374,12 @@ mod tests {
         assert_eq!((t.burst, t.limit), (20_000, 200_000));
         // Below 48 Mbit/s a millisecond is less than four frames: four.
         let t = shaper(16_000_000, u64::from(u32::MAX)).expect("a limit");
-        assert_eq!((u64::from(t.burst), t.limit), (MIN_QUEUE_BYTES, 20_000));
-        // A tiny rate and burst: four frames.
+        assert_eq!(u64::from(t.burst), MIN_BURST_BYTES);
+        // A tiny rate and burst: four frames, two GSO packets.
         let t = shaper(1_000_000, 8_000).expect("a limit");
-        assert_eq!(u64::from(t.burst), MIN_QUEUE_BYTES);
+        assert_eq!(u64::from(t.burst), MIN_BURST_BYTES);
         assert_eq!(u64::from(t.limit), MIN_QUEUE_BYTES);
         assert!(shaper(0, 1000).is_none());
-    }
-
-    #[test]
-    fn gso_packets_of_a_shaped_pod_hold_a_millisecond() {
-        assert_eq!(pod_gso_max_size(None), 65_536);
-        assert_eq!(pod_gso_max_size(Some(1_250_000)), 3_028);
-        assert_eq!(pod_gso_max_size(Some(12_500_000)), 12_500);
-        assert_eq!(pod_gso_max_size(Some(125_000_000)), 65_536);
     }
 
     #[test]
@@ -423,21 +393,15 @@ mod tests {
         assert_eq!(pod.buckets[bandwidth_dir::EGRESS], Bucket::default());
         let (shapers, pod) = plan(Some(&Bandwidth::limits(
             None,
-            Some((80_000_000, 8_000_000)),
+            Some((800_000_000, 8_000_000)),
         )));
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
-        assert_eq!((egress.burst, egress.limit), (10_000, 100_000));
-        let (shapers, _) = plan(Some(&Bandwidth::limits(None, Some((8_000_000, 8_000_000)))));
-        let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
-        assert_eq!(
-            (u64::from(egress.burst), egress.limit),
-            (MIN_QUEUE_BYTES, EGRESS_MIN_QUEUE_BYTES)
-        );
-        // 10 MB/s: queue 100 KB (10 ms); the check behind the qdisc
-        // 2 × 100 KB + one GSO packet = 267,584 bytes = 26.76 ms.
+        assert_eq!((egress.burst, egress.limit), (100_000, 1_000_000));
+        // 100 MB/s: queue 1 MB (10 ms); the check behind the qdisc
+        // 2 × 1 MB + one GSO packet = 2,067,584 bytes = 20.68 ms.
         assert_eq!(
             pod.expect("limits").buckets[bandwidth_dir::EGRESS].depth_ns,
-            26_758_400
+            20_675_840
         );
         assert!(
             plan(Some(&Bandwidth::limits(Some((0, 0)), None)))
