@@ -1,6 +1,6 @@
 //! Pod bandwidth limits (the CNI `bandwidth` capability). The shaping is
-//! done by a `tbf` qdisc per limited direction (over two queues, small
-//! packets first; `userspace/src/endpoint/bandwidth.rs`) — on the pod's own `eth0`
+//! done by an `htb` qdisc tree per limited direction (small packets first;
+//! `userspace/src/endpoint/bandwidth.rs`) — on the pod's own `eth0`
 //! (what it sends: the sender's TCP stack feels the queue through TCP
 //! small queues and slows down instead of losing packets) and on its
 //! host-side veth's egress (what it receives). The agent sets both up;

@@ -758,7 +758,7 @@ pub struct PortMapping {
     pub host_ip: Option<Ipv4Addr>,
 }
 
-/// What shaping one direction of a pod did: its `tbf` qdisc's counters
+/// What shaping one direction of a pod did: its `htb` qdisc's counters
 /// (and, egress, the datapath's check behind it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -776,7 +776,7 @@ pub struct BandwidthFigures {
     /// Packets dropped: the qdisc's queue was full (egress: plus what the
     /// datapath dropped as sent around the qdisc, `drop_bandwidth`).
     pub dropped: u64,
-    /// Packets that waited for the rate.
+    /// Times a class of the qdisc had to wait for the rate.
     pub delayed: u64,
     /// Bytes queued now.
     pub backlog_bytes: u64,
