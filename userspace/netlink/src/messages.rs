@@ -187,7 +187,9 @@ pub struct Shaper {
     pub limit: u32,
 }
 
-/// The shaper's root qdisc (`htb`).
+/// The qdisc kind of a shaper's root and classes.
+pub const SHAPER_KIND: &str = "htb";
+/// The shaper's root qdisc.
 const SHAPER_ROOT: TcHandle = TcHandle { major: 1, minor: 0 };
 /// The class holding the rate; the two below share it.
 pub const SHAPER_RATE: TcHandle = TcHandle { major: 1, minor: 1 };
@@ -285,7 +287,7 @@ fn htb_root(index: u32) -> TcMessage {
     tc_options(
         index,
         (TcHandle::ROOT, SHAPER_ROOT),
-        "htb",
+        SHAPER_KIND,
         vec![(TCA_HTB_INIT, glob)],
     )
 }
@@ -332,7 +334,7 @@ fn htb_class(index: u32, handles: (TcHandle, TcHandle), r: HtbRates) -> TcMessag
             options.push((kind, rate.to_ne_bytes().to_vec()));
         }
     }
-    tc_options(index, handles, "htb", options)
+    tc_options(index, handles, SHAPER_KIND, options)
 }
 
 /// `tc qdisc add dev <index> parent <class> bfifo limit <limit>`.

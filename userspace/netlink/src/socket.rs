@@ -12,7 +12,8 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use crate::{
     Error,
     messages::{
-        LinkInfo, QdiscStats, Shaper, link_info, link_named, root_qdisc, root_qdisc_stats, shaper,
+        LinkInfo, QdiscStats, SHAPER_KIND, Shaper, link_info, link_named, root_qdisc,
+        root_qdisc_stats, shaper,
     },
 };
 
@@ -233,8 +234,8 @@ impl RouteSocket {
         }
     }
 
-    /// The counters of every root qdisc of `kind` in the namespace.
-    pub fn root_qdiscs(&mut self, kind: &str) -> Result<Vec<QdiscStats>, Error> {
+    /// The counters of every [`shaper`] in the namespace (its root qdisc).
+    pub fn shapers(&mut self) -> Result<Vec<QdiscStats>, Error> {
         let (seq, frame) = self.frame(
             NLM_F_REQUEST | NLM_F_DUMP,
             RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()),
@@ -253,7 +254,7 @@ impl RouteSocket {
                     true
                 }
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(q)) => {
-                    out.extend(root_qdisc_stats(&q, kind));
+                    out.extend(root_qdisc_stats(&q, SHAPER_KIND));
                     false
                 }
                 _ => false,

@@ -218,7 +218,7 @@ pub fn figures(limited: &[(Endpoint, Option<PodBandwidth>)]) -> Vec<BandwidthFig
     }
     let host: Vec<rivet_netlink::messages::QdiscStats> = RouteSocket::open()
         .map_err(|e| e.to_string())
-        .and_then(|mut nl| nl.root_qdiscs("htb").map_err(|e| e.to_string()))
+        .and_then(|mut nl| nl.shapers().map_err(|e| e.to_string()))
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading the host veths' qdiscs");
             Vec::new()
@@ -258,7 +258,7 @@ pub fn figures(limited: &[(Endpoint, Option<PodBandwidth>)]) -> Vec<BandwidthFig
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| format!("{ifname} is gone"))?
                     .index;
-                let all = nl.root_qdiscs("htb").map_err(|e| e.to_string())?;
+                let all = nl.shapers().map_err(|e| e.to_string())?;
                 all.into_iter()
                     .find(|q| q.index == index)
                     .ok_or_else(|| format!("no shaper on {ifname}"))
