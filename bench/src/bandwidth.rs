@@ -727,13 +727,15 @@ pub fn run(opts: &Options, sizes: &Sizes) -> Report {
         ..Default::default()
     };
     notes(&mut report, sizes);
-    // What a limiter counting whole frames leaves for TCP payload.
+    // What a limiter leaves for TCP payload: counting whole frames (the
+    // reference's tbf) or IP packets (rivet).
     for side in &sides {
         let (_, pod) = &side.limited[0];
         let mtu = pod_mtu(&pod.ns);
         report.notes.push(format!(
-            "{}: pod MTU {mtu}; TCP payload per full-sized frame (20 B IP + 32 B TCP with timestamps; 14 B Ethernet) = {:.3} of the frame: a limiter that counts whole frames delivers at most that share of its rate as goodput",
+            "{}: pod MTU {mtu}; TCP payload per full-sized packet (20 B IP + 32 B TCP with timestamps) = {:.3} of the IP packet, {:.3} of the frame (14 B Ethernet more): the most of its rate a limiter counting IP bytes, or whole frames, delivers as goodput",
             side.name,
+            f64::from(mtu - 52) / f64::from(mtu),
             f64::from(mtu - 52) / f64::from(mtu + 14)
         ));
     }

@@ -355,7 +355,8 @@ fn a_flood_beyond_the_limit_leaves_other_pods_alone() {
     assert!(!own.is_empty(), "the flooder's pings all lost");
     let own_median = own[own.len() / 2];
     // Its own pings wait behind its full egress queue, no longer.
-    let (shapers, _) = rivet::endpoint::bandwidth::plan(Some(&both(rate)));
+    // (The queue's time at the rate does not depend on the MTU.)
+    let (shapers, _) = rivet::endpoint::bandwidth::plan(Some(&both(rate)), 1_500);
     let queue = shapers[rivet_common::bandwidth_dir::EGRESS].expect("egress shaper");
     let queue_ms = f64::from(queue.limit) * 1e3 / queue.rate as f64;
     assert!(

@@ -246,6 +246,35 @@ fn portmaps(node: &Node) -> Vec<PortmapEntry> {
     }
 }
 
+/// `tc class show` output `shown` has the shaper's rate class at the
+/// frame rate that passes `rate` bits/s of IP packets on a link of `mtu`
+/// (tc prints it rounded to its unit: within 0.1 %).
+fn assert_rate(shown: &str, rate: u64, mtu: u32, what: &str) {
+    let want = rivet::endpoint::bandwidth::frame_rate(rate / 8, mtu) * 8;
+    let token = shown
+        .split("class htb 1:1 root rate ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{what}: no rate class: {shown}"));
+    let digits = token.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let scale = match &token[digits.len()..] {
+        "bit" => 1.0,
+        "Kbit" => 1e3,
+        "Mbit" => 1e6,
+        "Gbit" => 1e9,
+        unit => panic!("{what}: rate {token}: unit {unit:?}"),
+    };
+    let shown_bits = digits
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("{what}: rate {token}: {e}"))
+        * scale;
+    let ratio = shown_bits / want as f64;
+    assert!(
+        (0.999..=1.001).contains(&ratio),
+        "{what}: rate {token}, want {want} bit/s: {shown}"
+    );
+}
+
 /// The pod at `ip` (annotated 10M in, 20M out) is recorded with those
 /// limits, has its shapers, and sends at 20 Mbit/s.
 fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
@@ -271,10 +300,7 @@ fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
     let host = w.nodes[n]
         .ns
         .run("tc", &["class", "show", "dev", &ep.host_ifname]);
-    assert!(
-        host.contains("class htb 1:1 root rate 10Mbit"),
-        "host veth: {host}"
-    );
+    assert_rate(&host, 10_000_000, ep.mtu, "host veth");
     let inside = |args: &[&str]| {
         let out = Command::new("nsenter")
             .arg(format!("--net={}", ep.netns))
@@ -285,10 +311,7 @@ fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let pod = inside(&["tc", "class", "show", "dev", &ep.ifname]);
-    assert!(
-        pod.contains("class htb 1:1 root rate 20Mbit"),
-        "pod eth0: {pod}"
-    );
+    assert_rate(&pod, 20_000_000, ep.mtu, "pod eth0");
     // 4 s from the pod to the node: the receiver's total within the limit
     // (its first second included, the burst is a millisecond of the rate).
     let _server = ChildOnDrop(

@@ -38,6 +38,20 @@
 //! small packets first) 0.16 ms, 0.956, 6.1 → `htb` 0.06 ms, 0.957, 1.4–1.8;
 //! at 10 Mbit/s 3.4 ms → 0.06 ms; egress at 1 Gbit/s 0.58 → 0.06 ms.
 //!
+//! **What the rate counts: IP bytes.** A rate is the IP packets a pod
+//! sends or receives per second, not the Ethernet frames its veth wraps
+//! them in: the pod's traffic has no Ethernet header once it is routed,
+//! encapsulated or leaves the node, and its TCP gets the larger share of
+//! the rate (payload ÷ IP packet = (MTU − 52) ÷ MTU with timestamps, 0.965
+//! at MTU 1500, against 0.956 of a frame). `htb` charges frames (the
+//! kernel's `qdisc_pkt_len`: a GSO packet by the frames it becomes), and
+//! its rate specification cannot subtract a per-packet overhead (a size
+//! table can, but it charges a GSO packet as one frame), so the qdisc's
+//! rate is the requested one scaled by (MTU + 14) ÷ MTU ([`frame_rate`]):
+//! a full-size packet is charged exactly its IP bytes, a smaller one a
+//! little more, never more than its frame (a 66-byte TCP ack as 65.4
+//! bytes, not 52). The datapath's egress check uses the same frame rate.
+//!
 //! **Queue and burst.** Each class's queue ([`queue_bytes`]) holds 10 ms
 //! of the rate and at least two whole GSO packets — a queue shorter than
 //! one drops every such packet, and TCP stalls (measured at 10 Mbit/s with
@@ -66,6 +80,12 @@ pub const MIN_QUEUE_BYTES: u64 = 2 * GSO_MAX_BYTES;
 pub const BURST_MS: u64 = 1;
 /// …and at least this many bytes (four full frames).
 pub const MIN_BURST_BYTES: u64 = 4 * 1_514;
+/// The Ethernet header each frame on a veth adds to its IP packet, bytes:
+/// charged by the qdisc, not counted in the rate.
+pub const ETH_HEADER_BYTES: u64 = 14;
+/// The smallest link MTU an IPv4 host must handle (RFC 791); a smaller
+/// one is taken as this in [`frame_rate`].
+const MIN_MTU: u32 = 576;
 
 /// True when `bw` limits either direction.
 pub fn limits_any(bw: Option<&Bandwidth>) -> bool {
@@ -82,10 +102,19 @@ pub fn queue_bytes(rate: u64) -> u64 {
     (rate * QUEUE_MS / 1_000).max(MIN_QUEUE_BYTES)
 }
 
-/// The qdisc shaping one direction (rate in bits/s, burst in bits); `None`
-/// for a zero rate (no limit).
-pub fn shaper(rate_bits: u64, burst_bits: u64) -> Option<Shaper> {
-    let rate = rate_bits / 8;
+/// The rate, bytes/s, at which a qdisc charging whole Ethernet frames
+/// passes `rate` bytes/s of full-size IP packets on a link of `mtu`.
+pub fn frame_rate(rate: u64, mtu: u32) -> u64 {
+    let mtu = u128::from(mtu.max(MIN_MTU));
+    let scaled = u128::from(rate) * (mtu + u128::from(ETH_HEADER_BYTES)) / mtu;
+    u64::try_from(scaled).unwrap_or(u64::MAX)
+}
+
+/// The qdisc shaping one direction of a pod whose link MTU is `mtu` (rate
+/// in bits/s of IP packets, burst in bits); `None` for a zero rate (no
+/// limit).
+pub fn shaper(rate_bits: u64, burst_bits: u64, mtu: u32) -> Option<Shaper> {
+    let rate = frame_rate(rate_bits / 8, mtu);
     if rate == 0 {
         return None;
     }
@@ -122,17 +151,23 @@ fn bucket(t: Option<&Shaper>, slack: bool) -> Bucket {
     }
 }
 
-/// What `bw` calls for: the qdiscs by [`bandwidth_dir`], and the map entry
-/// (`None` when it limits nothing).
-pub fn plan(bw: Option<&Bandwidth>) -> ([Option<Shaper>; 2], Option<PodBandwidth>) {
+/// What `bw` calls for on a pod link of `mtu`: the qdiscs by
+/// [`bandwidth_dir`], and the map entry (`None` when it limits nothing).
+pub fn plan(bw: Option<&Bandwidth>, mtu: u32) -> ([Option<Shaper>; 2], Option<PodBandwidth>) {
     let Some(bw) = bw.filter(|b| b.limits_any()) else {
         return ([None, None], None);
     };
     let mut shapers = [None, None];
-    shapers[bandwidth_dir::EGRESS] =
-        shaper(bw.egress_rate.unwrap_or(0), bw.egress_burst.unwrap_or(0));
-    shapers[bandwidth_dir::INGRESS] =
-        shaper(bw.ingress_rate.unwrap_or(0), bw.ingress_burst.unwrap_or(0));
+    shapers[bandwidth_dir::EGRESS] = shaper(
+        bw.egress_rate.unwrap_or(0),
+        bw.egress_burst.unwrap_or(0),
+        mtu,
+    );
+    shapers[bandwidth_dir::INGRESS] = shaper(
+        bw.ingress_rate.unwrap_or(0),
+        bw.ingress_burst.unwrap_or(0),
+        mtu,
+    );
     let mut pod = PodBandwidth::default();
     // The egress bucket is the datapath's check behind the pod's qdisc,
     // deeper than it, so shaped traffic never meets it.
@@ -301,7 +336,7 @@ impl Endpoints {
         rewrite: bool,
         qdiscs: bool,
     ) -> Result<(), EndpointError> {
-        let (shapers, want) = plan(ep.bandwidth.as_ref());
+        let (shapers, want) = plan(ep.bandwidth.as_ref(), ep.mtu);
         if qdiscs && (want.is_some() || rewrite) {
             shape(
                 ep.host_ifindex,
@@ -361,53 +396,70 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_rate_counts_ip_bytes() {
+        // A full-size frame on a 1500-byte link is 1514 bytes: the qdisc
+        // charging frames runs 1514/1500 of the rate in IP bytes.
+        assert_eq!(frame_rate(1_500_000, 1_500), 1_514_000);
+        assert_eq!(frame_rate(1_450_000, 1_450), 1_464_000);
+        // An MTU below IPv4's minimum is taken as the minimum.
+        assert_eq!(frame_rate(576_000, 0), 590_000);
+        assert_eq!(frame_rate(0, 1_500), 0);
+        assert_eq!(frame_rate(u64::MAX, 1_500), u64::MAX);
+    }
+
+    #[test]
     fn burst_is_the_request_within_a_millisecond() {
-        // 100 Mbit/s: queue 10 ms = 125,000 bytes, less than two GSO
-        // packets: 135,168; a 1 Mbit burst is cut to a millisecond, 12,500
+        // 100 Mbit/s of IP packets on a 1500-byte link: 12,616,666 bytes/s
+        // of frames; queue 10 ms = 126,166 bytes, less than two GSO
+        // packets: 135,168; a 1 Mbit burst is cut to a millisecond, 12,616
         // bytes; a 64 Kbit one fits.
-        let t = shaper(100_000_000, 1_000_000).expect("a limit");
-        assert_eq!((t.rate, t.burst, t.limit), (12_500_000, 12_500, 135_168));
-        let t = shaper(100_000_000, 64_000).expect("a limit");
+        let t = shaper(100_000_000, 1_000_000, 1_500).expect("a limit");
+        assert_eq!((t.rate, t.burst, t.limit), (12_616_666, 12_616, 135_168));
+        let t = shaper(100_000_000, 64_000, 1_500).expect("a limit");
         assert_eq!(t.burst, 8_000);
         // containerd's "no limit" burst at 160 Mbit/s: a millisecond.
-        let t = shaper(160_000_000, u64::from(u32::MAX)).expect("a limit");
-        assert_eq!((t.burst, t.limit), (20_000, 200_000));
+        let t = shaper(160_000_000, u64::from(u32::MAX), 1_500).expect("a limit");
+        assert_eq!((t.burst, t.limit), (20_186, 201_866));
         // Below 48 Mbit/s a millisecond is less than four frames: four.
-        let t = shaper(16_000_000, u64::from(u32::MAX)).expect("a limit");
+        let t = shaper(16_000_000, u64::from(u32::MAX), 1_500).expect("a limit");
         assert_eq!(u64::from(t.burst), MIN_BURST_BYTES);
         // A tiny rate and burst: four frames, two GSO packets.
-        let t = shaper(1_000_000, 8_000).expect("a limit");
+        let t = shaper(1_000_000, 8_000, 1_500).expect("a limit");
         assert_eq!(u64::from(t.burst), MIN_BURST_BYTES);
         assert_eq!(u64::from(t.limit), MIN_QUEUE_BYTES);
-        assert!(shaper(0, 1000).is_none());
+        assert!(shaper(0, 1000, 1_500).is_none());
     }
 
     #[test]
     fn plan_by_direction() {
-        let (shapers, pod) = plan(Some(&Bandwidth::limits(Some((8_000_000, 8_000_000)), None)));
+        let (shapers, pod) = plan(
+            Some(&Bandwidth::limits(Some((8_000_000, 8_000_000)), None)),
+            1_500,
+        );
         let pod = pod.expect("limits");
         assert!(shapers[bandwidth_dir::EGRESS].is_none());
         let ingress = shapers[bandwidth_dir::INGRESS].expect("ingress");
-        assert_eq!(ingress.rate, 1_000_000);
-        assert_eq!(pod.buckets[bandwidth_dir::INGRESS].rate, 1_000_000);
+        assert_eq!(ingress.rate, 1_009_333);
+        assert_eq!(pod.buckets[bandwidth_dir::INGRESS].rate, 1_009_333);
         assert_eq!(pod.buckets[bandwidth_dir::EGRESS], Bucket::default());
-        let (shapers, pod) = plan(Some(&Bandwidth::limits(
-            None,
-            Some((800_000_000, 8_000_000)),
-        )));
+        let (shapers, pod) = plan(
+            Some(&Bandwidth::limits(None, Some((800_000_000, 8_000_000)))),
+            1_500,
+        );
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
-        assert_eq!((egress.burst, egress.limit), (100_000, 1_000_000));
-        // 100 MB/s: queue 1 MB (10 ms); the check behind the qdisc
-        // 2 × 1 MB + one GSO packet = 2,067,584 bytes = 20.68 ms.
+        assert_eq!((egress.burst, egress.limit), (100_933, 1_009_333));
+        // 100,933,333 bytes/s of frames: queue 1,009,333 bytes (10 ms);
+        // the check behind the qdisc 2 × that + one GSO packet =
+        // 2,086,250 bytes = 20.67 ms.
         assert_eq!(
             pod.expect("limits").buckets[bandwidth_dir::EGRESS].depth_ns,
-            20_675_840
+            20_669_583
         );
         assert!(
-            plan(Some(&Bandwidth::limits(Some((0, 0)), None)))
+            plan(Some(&Bandwidth::limits(Some((0, 0)), None)), 1_500)
                 .1
                 .is_none()
         );
-        assert!(plan(None).1.is_none());
+        assert!(plan(None, 1_500).1.is_none());
     }
 }

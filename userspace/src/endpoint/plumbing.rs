@@ -276,7 +276,7 @@ impl Endpoints {
         // Bandwidth limits once the pod's interface is in place: the
         // qdiscs, then the map entry (the endpoint's flags follow it; an
         // ingress flag steers through the host veth's qdisc).
-        let (shapers, limits) = super::bandwidth::plan(ep.bandwidth.as_ref());
+        let (shapers, limits) = super::bandwidth::plan(ep.bandwidth.as_ref(), ep.mtu);
         if let Some(limits) = limits {
             rollback.bandwidth = Some(host_link.index);
             super::bandwidth::shape(host_link.index, &host, &ep.netns, &ep.ifname, &shapers)?;
