@@ -523,6 +523,73 @@ pub fn ksoftirqd_secs() -> f64 {
     ns as f64 / 1e9
 }
 
+/// Busy time of the whole machine so far, in seconds: every CPU's time
+/// minus its idle (and iowait) time. A CPU's idle time stops at each
+/// interrupt's entry and starts again at its exit (NO_HZ's tick-sched
+/// accounting), so interrupts and the softirqs run on their way out of
+/// idle (a shaper's timer dequeueing, a tasklet's work) count as busy —
+/// work the tasks' run times miss.
+///
+/// The figures: `/proc/timer_list` has each CPU's idle time in ns up to
+/// its last transition (`.idle_sleeptime` + `.iowait_sleeptime`) and the
+/// time of that transition (`.idle_entrytime`), but not whether the CPU
+/// has been idle or busy since; `/proc/stat` has the whole idle time,
+/// ongoing period included, in 10 ms units. Of the two readings (idle
+/// since the transition, or busy) the one within that 10 ms step is
+/// taken, the nearer one when both or neither are: exact to the ns
+/// except for a CPU whose last transition is under 10 ms old, and then
+/// off by less than that age. `None` when a figure is missing.
+pub fn machine_busy_secs() -> Option<f64> {
+    let timers = std::fs::read_to_string("/proc/timer_list").ok()?;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let last_ns =
+        |line: &str| -> Option<u64> { line.split_whitespace().rev().nth(1)?.parse().ok() };
+    let now = last_ns(timers.lines().find(|l| l.starts_with("now at "))?)?;
+    // USER_HZ: /proc/stat counts in 1/100 s on Linux.
+    const STAT_TICK_NS: u64 = 10_000_000;
+    let mut busy_ns = 0u128;
+    let mut cpus = 0;
+    for section in timers.split("\ncpu: ").skip(1) {
+        let cpu = section.split_whitespace().next()?;
+        let field = |name: &str| {
+            section
+                .lines()
+                .find(|l| {
+                    l.trim_start()
+                        .strip_prefix(name)
+                        .is_some_and(|rest| rest.trim_start().starts_with(':'))
+                })
+                .and_then(last_ns)
+        };
+        let slept = field(".idle_sleeptime")? + field(".iowait_sleeptime")?;
+        let since = now.saturating_sub(field(".idle_entrytime")?);
+        let prefix = format!("cpu{cpu} ");
+        let line = stat.lines().find(|l| l.starts_with(&prefix))?;
+        // user nice system idle iowait …
+        let mut ticks = line.split_whitespace().skip(4);
+        let idle_ticks: u64 = ticks.next()?.parse().ok()?;
+        let iowait_ticks: u64 = ticks.next()?.parse().ok()?;
+        let floor = (idle_ticks + iowait_ticks) * STAT_TICK_NS;
+        let within = |v: u64| (floor..floor + STAT_TICK_NS).contains(&v);
+        let (was_busy, was_idle) = (slept, slept + since);
+        let idle = match (within(was_busy), within(was_idle)) {
+            (true, false) => was_busy,
+            (false, true) => was_idle,
+            _ => {
+                let mid = floor + STAT_TICK_NS / 2;
+                if was_busy.abs_diff(mid) <= was_idle.abs_diff(mid) {
+                    was_busy
+                } else {
+                    was_idle
+                }
+            }
+        };
+        busy_ns += u128::from(now.saturating_sub(idle));
+        cpus += 1;
+    }
+    (cpus > 0).then(|| busy_ns as f64 / 1e9)
+}
+
 /// Every namespace of a world: the underlay, the nodes, the pods and the
 /// outside host.
 pub fn world_spaces(w: &World) -> impl Iterator<Item = &Netns> {
@@ -745,6 +812,25 @@ pub fn write(dir: &Path, machine: &Machine, reports: &[Report]) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_busy_time_counts_a_busy_cpu() {
+        // 200 ms of spinning on this CPU: at least that much busy time,
+        // and no more than every CPU busy for the whole span (each reading
+        // may be off by up to 10 ms per CPU).
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let start = machine_busy_secs().expect("/proc/timer_list and /proc/stat readable");
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(200) {
+            std::hint::spin_loop();
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let busy = machine_busy_secs().expect("second reading") - start;
+        assert!(
+            (0.15..=cpus * wall + 0.05).contains(&busy),
+            "{busy:.3} s busy over {wall:.3} s of spinning on {cpus} CPUs"
+        );
+    }
 
     #[test]
     fn percentiles() {
