@@ -761,12 +761,13 @@ pub fn service_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let mut held = None;
+    // An ended flow's entry the SYN of a new one replaces.
+    let mut ended = false;
     if let Some(entry) = NAT.get_ptr_mut(key) {
         // SAFETY: as in `touch`; address and port of an entry never change.
         let (addr, port, flags) = unsafe { ((*entry).addr, (*entry).port, (*entry).flags) };
-        let reopened =
-            l4.flags & nat_flags::SYN != 0 && flags & (nat_flags::FIN | nat_flags::RST) != 0;
-        if !reopened {
+        ended = l4.flags & nat_flags::SYN != 0 && flags & (nat_flags::FIN | nat_flags::RST) != 0;
+        if !ended {
             touch(entry, now, l4.flags);
             held = Some((addr, port));
         }
@@ -809,11 +810,7 @@ pub fn service_in(ctx: &TcContext, cfg: &NodeConfig, ip: &Ip) -> Reply {
                     };
                     // A SYN on an ended flow replaces it; otherwise the
                     // first CPU's choice stands.
-                    let mode = if held.is_none() && NAT.get_ptr(key).is_some() {
-                        BPF_ANY
-                    } else {
-                        BPF_NOEXIST
-                    };
+                    let mode = if ended { BPF_ANY } else { BPF_NOEXIST };
                     if NAT.insert(key, entry, u64::from(mode)).is_ok() {
                         maps::nat_created(1);
                         service::count(info.id, service::Stat::Flows);
