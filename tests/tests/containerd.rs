@@ -313,7 +313,7 @@ fn assert_shaped(w: &World, n: usize, ip: Ipv4Addr) {
     let pod = inside(&["tc", "class", "show", "dev", &ep.ifname]);
     assert_rate(&pod, 20_000_000, ep.mtu, "pod eth0");
     // 4 s from the pod to the node: the receiver's total within the limit
-    // (its first second included, the burst is a millisecond of the rate).
+    // (its first second included, the burst is 10 ms of the rate).
     let _server = ChildOnDrop(
         w.nodes[n]
             .ns

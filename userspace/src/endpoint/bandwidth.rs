@@ -56,10 +56,19 @@
 //! of the rate and at least two whole GSO packets — a queue shorter than
 //! one drops every such packet, and TCP stalls (measured at 10 Mbit/s with
 //! a 12.5 KB queue: 0.8 % of the rate). The burst (the bucket) is the
-//! requested one but at most a millisecond of the rate ([`burst_bytes`], at
-//! least four frames): runtimes pass huge bursts (containerd's CRI sends
-//! 2³²−1 bits, "no limit"), and the reference plugin's 512 MiB bucket lets a
-//! 15 Mbit/s pod send at line rate for seconds.
+//! requested one but at most 10 ms of the rate ([`burst_bytes`], at least
+//! four frames): runtimes pass huge bursts (containerd's CRI sends 2³²−1
+//! bits, "no limit"), and the reference plugin's 512 MiB bucket lets a
+//! 15 Mbit/s pod send at line rate for seconds. Ten milliseconds, not one:
+//! the bucket is what pays back a late dequeue (a timer or a softirq that
+//! runs late leaves the class idle, and what it could have sent is kept
+//! only up to the bucket), and at 1 Gbit/s a millisecond holds two GSO
+//! packets. Measured 2026-12-06 in two nodes, a pod limited to 1 Gbit/s
+//! sending four TCP streams to a pod across the VXLAN overlay, 11 s, the
+//! bucket alternated: goodput over seconds 1–10 0.922–0.963× with 1 ms,
+//! 0.957–0.964× with 10 ms, higher in 12 of 12 pairs (the suite's run
+//! that prompted it had 0.76× and 0.80× with 1 ms). It costs a first
+//! second of at most 1 % over the rate.
 
 use std::path::Path;
 
@@ -77,7 +86,7 @@ pub const QUEUE_MS: u64 = 10;
 /// …and at least this many bytes: two whole GSO packets.
 pub const MIN_QUEUE_BYTES: u64 = 2 * GSO_MAX_BYTES;
 /// The bucket (burst) holds at most this many milliseconds of the rate…
-pub const BURST_MS: u64 = 1;
+pub const BURST_MS: u64 = 10;
 /// …and at least this many bytes (four full frames).
 pub const MIN_BURST_BYTES: u64 = 4 * 1_514;
 /// The Ethernet header each frame on a veth adds to its IP packet, bytes:
@@ -130,10 +139,10 @@ pub fn shaper(rate_bits: u64, burst_bits: u64, mtu: u32) -> Option<Shaper> {
 /// The datapath's bucket for a direction shaped by `t`: the qdisc's
 /// burst, with `slack` (both classes' queues and a GSO packet more) for
 /// the egress check behind the qdisc. The queues, not the burst: what the qdisc
-/// releases reaches the check after the softirq gets to it, and a burst
-/// of a millisecond is shorter than that delay can be (measured: 13
-/// packets dropped over the 1 Gbit/s cells of `tests/tests/bandwidth.rs`
-/// with twice the burst, 2.5 ms at that rate).
+/// releases reaches the check after the softirq gets to it, and that
+/// delay can exceed a burst (measured with a 1 ms burst: 13 packets
+/// dropped over the 1 Gbit/s cells of `tests/tests/bandwidth.rs` with
+/// twice the burst, 2.5 ms at that rate).
 fn bucket(t: Option<&Shaper>, slack: bool) -> Bucket {
     let Some(t) = t else {
         return Bucket::default();
@@ -408,20 +417,20 @@ mod tests {
     }
 
     #[test]
-    fn burst_is_the_request_within_a_millisecond() {
+    fn burst_is_the_request_within_ten_milliseconds() {
         // 100 Mbit/s of IP packets on a 1500-byte link: 12,616,666 bytes/s
         // of frames; queue 10 ms = 126,166 bytes, less than two GSO
-        // packets: 135,168; a 1 Mbit burst is cut to a millisecond, 12,616
-        // bytes; a 64 Kbit one fits.
+        // packets: 135,168; a 10 Mbit burst is cut to 10 ms, 126,166
+        // bytes; a 1 Mbit one fits.
+        let t = shaper(100_000_000, 10_000_000, 1_500).expect("a limit");
+        assert_eq!((t.rate, t.burst, t.limit), (12_616_666, 126_166, 135_168));
         let t = shaper(100_000_000, 1_000_000, 1_500).expect("a limit");
-        assert_eq!((t.rate, t.burst, t.limit), (12_616_666, 12_616, 135_168));
-        let t = shaper(100_000_000, 64_000, 1_500).expect("a limit");
-        assert_eq!(t.burst, 8_000);
-        // containerd's "no limit" burst at 160 Mbit/s: a millisecond.
+        assert_eq!(t.burst, 125_000);
+        // containerd's "no limit" burst at 160 Mbit/s: 10 ms.
         let t = shaper(160_000_000, u64::from(u32::MAX), 1_500).expect("a limit");
-        assert_eq!((t.burst, t.limit), (20_186, 201_866));
-        // Below 48 Mbit/s a millisecond is less than four frames: four.
-        let t = shaper(16_000_000, u64::from(u32::MAX), 1_500).expect("a limit");
+        assert_eq!((t.burst, t.limit), (201_866, 201_866));
+        // Below 4.8 Mbit/s 10 ms is less than four frames: four.
+        let t = shaper(4_000_000, u64::from(u32::MAX), 1_500).expect("a limit");
         assert_eq!(u64::from(t.burst), MIN_BURST_BYTES);
         // A tiny rate and burst: four frames, two GSO packets.
         let t = shaper(1_000_000, 8_000, 1_500).expect("a limit");
@@ -447,8 +456,9 @@ mod tests {
             1_500,
         );
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
-        assert_eq!((egress.burst, egress.limit), (100_933, 1_009_333));
-        // 100,933,333 bytes/s of frames: queue 1,009,333 bytes (10 ms);
+        assert_eq!((egress.burst, egress.limit), (1_000_000, 1_009_333));
+        // 100,933,333 bytes/s of frames: the requested 1,000,000-byte burst
+        // within 10 ms; queue 1,009,333 bytes (10 ms);
         // the check behind the qdisc 2 × that + one GSO packet =
         // 2,086,250 bytes = 20.67 ms.
         assert_eq!(
