@@ -69,7 +69,11 @@
 //! retransmissions and 711–809 drops per run, 540 KB 603–1,018 and 19–31;
 //! one stream 1,028–3,395 against 0; at 1 Gbit/s, four streams, 10 ms
 //! 3,399–19,902 retransmissions (84–484 drops) against 25 ms 10–147 (no
-//! drop); goodput the same (0.953–0.964×). A small packet is not behind
+//! drop); goodput the same (0.953–0.964×). The 50 ms cap: at 10 Mbit/s
+//! eight GSO packets would be 430 ms, and there four streams kept even
+//! that queue full (backlog p50 186 KB against 117 KB with two GSO
+//! packets) while retransmitting as much (1,228–1,247 against
+//! 1,282–1,532 per run), so a low rate keeps two. A small packet is not behind
 //! this queue (it has a class of its own), only the bulk flow's own. The
 //! burst (the bucket) is the
 //! requested one but at most 10 ms of the rate ([`burst_bytes`], at least
