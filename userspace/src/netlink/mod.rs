@@ -13,7 +13,10 @@ pub mod netns;
 pub mod sock_diag;
 pub mod table;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+};
 
 use futures_util::TryStreamExt as _;
 
@@ -62,10 +65,22 @@ pub struct ConnectError(#[from] std::io::Error);
 
 pub use rivet_netlink::{LinkInfo, RouteInfo};
 
-/// A netlink route socket and its handle.
+/// A netlink route socket and its handle. Clones share the socket.
+///
+/// The kernel runs one dump (a listing: links, addresses, routes, filters)
+/// at a time per netlink socket and answers a second one started before the
+/// first has been read to its end with `EBUSY`; the connection task sends
+/// queued requests as it goes and may start the next while it has not yet
+/// read the last part of the previous reply (and a dump interrupted that
+/// way was also seen to stall for good). Listings therefore take
+/// `dumps`, a lock held until their reply is complete, so concurrent users
+/// of one socket (a GC beside the background reconciliation) wait for each
+/// other instead of failing. Requests for one object are not dumps and do
+/// not wait.
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
+    dumps: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn ctx(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
@@ -79,7 +94,10 @@ impl Netlink {
     pub fn connect() -> Result<Self, ConnectError> {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self {
+            handle,
+            dumps: Arc::default(),
+        })
     }
 
     /// The link called `name`, if it exists.
@@ -100,6 +118,7 @@ impl Netlink {
 
     /// Every link.
     pub async fn links(&self) -> Result<Vec<LinkInfo>, NetlinkError> {
+        let _one_dump = self.dumps.lock().await;
         let msgs: Vec<LinkMessage> = self
             .handle
             .link()
@@ -202,6 +221,7 @@ impl Netlink {
 
     /// Every IPv4 address of the namespace, with the ifindex holding it.
     pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Addr)>, NetlinkError> {
+        let _one_dump = self.dumps.lock().await;
         let msgs: Vec<_> = self
             .handle
             .address()
@@ -227,6 +247,7 @@ impl Netlink {
 
     /// IPv4 addresses (with prefix lengths) on the link `index`.
     pub async fn addresses_of(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>, NetlinkError> {
+        let _one_dump = self.dumps.lock().await;
         let msgs: Vec<_> = self
             .handle
             .address()
@@ -249,6 +270,7 @@ impl Netlink {
 
     /// IPv4 routes of the main table.
     pub async fn ipv4_routes(&self) -> Result<Vec<RouteInfo>, NetlinkError> {
+        let _one_dump = self.dumps.lock().await;
         let msgs: Vec<RouteMessage> = self
             .handle
             .route()
@@ -272,6 +294,7 @@ impl Netlink {
         ingress: bool,
     ) -> Result<Vec<u32>, NetlinkError> {
         use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
+        let _one_dump = self.dumps.lock().await;
         let mut tf = self.handle.clone().traffic_filter(index as i32);
         let req = if ingress {
             tf.get().ingress()
