@@ -327,8 +327,9 @@ fn go_field_names_and_an_undecodable_del() {
 /// GC. Many listings at once on one `Netlink`, from two threads, in a
 /// namespace with enough links that each dump spans several messages, must
 /// all succeed, and finish: without the lock in `Netlink` a dump could also
-/// stall for good behind a refused one (2026-12-07: rounds of 900 listings
-/// failed in 3 of 4 runs, and one run hung).
+/// stall for good behind a refused one (2026-12-07, this test without the
+/// lock: 3 of 4 runs refused with EBUSY, the fourth hung until the
+/// deadline).
 #[test]
 fn listings_at_once_on_one_netlink_socket_all_succeed() {
     const PAIRS: usize = 200;
