@@ -1015,15 +1015,6 @@ impl KubeObjects {
     }
 }
 
-/// The agent's pinned Service frontends.
-fn pinned_frontends(pin_dir: &Path) -> AyaHashMap<MapData, SvcKey, SvcInfo> {
-    let path = PinLayout::new(pin_dir).map(map_names::SVC_FRONTENDS);
-    let data = MapData::from_pin(&path)
-        .unwrap_or_else(|e| panic!("opening the pinned {}: {e}", path.display()));
-    AyaHashMap::try_from(Map::HashMap(data))
-        .unwrap_or_else(|e| panic!("{} is not the frontends hash: {e}", path.display()))
-}
-
 /// Entries of a pinned hash map (by walking its keys).
 fn pinned_entries<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &str) -> usize {
     let path = PinLayout::new(pin_dir).map(name);
@@ -1204,7 +1195,7 @@ fn kube_part(report: &mut Report, opts: &Options, started: Instant) {
     // its 10 backends.
     let pin_dir = w.nodes[n].pin_dir();
     let routes = pinned_routes(&pin_dir);
-    let frontends = pinned_frontends(&pin_dir);
+    let frontends = crate::pinned_frontends(&pin_dir);
     let complete = || {
         route_set(&routes).len() == KUBE_NODES
             && (0..KUBE_SERVICES)

@@ -66,6 +66,18 @@ pub fn prog_stats(world: &rivet_tests::World, node: usize, prog: &str) -> (u64, 
     (info.run_time().as_nanos() as u64, info.run_count())
 }
 
+/// A node's pinned Service frontends (`SVC_FRONTENDS`), opened beside its
+/// agent.
+pub fn pinned_frontends(
+    pin_dir: &std::path::Path,
+) -> aya::maps::HashMap<aya::maps::MapData, rivet_common::SvcKey, rivet_common::SvcInfo> {
+    let path = rivet::pins::PinLayout::new(pin_dir).map(rivet_common::map_names::SVC_FRONTENDS);
+    let data = aya::maps::MapData::from_pin(&path)
+        .unwrap_or_else(|e| panic!("opening the pinned {}: {e}", path.display()));
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+        .unwrap_or_else(|e| panic!("{} is not the frontends hash: {e}", path.display()))
+}
+
 /// Records, for `variant`, a program's ns per run (`per_run`, lower is
 /// better) and its runs per unit of `per` (`rate`: per second, per
 /// connection) between two [`prog_stats`] readings; fails when it did not

@@ -25,8 +25,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     io::Write as _,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -37,7 +36,7 @@ use serde_json::{Value, json};
 
 use crate::{
     Options, Report,
-    conn::{connection_loop, one_byte_server},
+    conn::{DENY_CONFIRM, Expect, Pacing, connection_loop, one_byte_server, probe},
     iperf3_cpu, percentile, progress, rss_mib,
 };
 use rivet_api::{Request, Response};
@@ -65,12 +64,12 @@ const BLOCK_BASE: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 0);
 /// Third octet of the selector peers' addresses in the cluster CIDR
 /// (10.k.64.0 on: no node of the world owns them).
 const PEER_OCTET: u32 = 64;
-/// One new connection attempt every this long while a change is probed.
-const PROBE_EVERY: Duration = Duration::from_millis(1);
-/// An attempt not connected after this long counts as refused.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(20);
-/// Refused attempts in a row (after the first) that confirm a denial.
-const DENY_CONFIRM: usize = 3;
+/// How a change is probed: a new connection attempt every 1 ms; one not
+/// connected after 20 ms counts as refused.
+const PACING: Pacing = Pacing {
+    every: Duration::from_millis(1),
+    timeout: Duration::from_millis(20),
+};
 
 // ------------------------------------------------------------ the rules
 
@@ -619,183 +618,6 @@ fn diagnose(ctx: &Ctx, v: Var) -> String {
 
 // ------------------------------------------------------------ probes
 
-/// A non-blocking TCP connect from the calling thread's namespace.
-fn start_connect(dst: SocketAddrV4) -> std::io::Result<OwnedFd> {
-    // SAFETY: socket(2) with constant arguments; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor this function alone owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: dst.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*dst.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `sa` is a valid sockaddr_in of the length given, alive for
-    // the call.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            std::ptr::from_ref(&sa).cast::<libc::sockaddr>(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        return Ok(fd);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EINPROGRESS) {
-        Ok(fd)
-    } else {
-        Err(e)
-    }
-}
-
-/// The pending error of a socket whose connect finished (0: connected).
-fn socket_error(fd: &OwnedFd) -> i32 {
-    let mut err: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `err` and `len` are valid for writes of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            std::ptr::from_mut(&mut err).cast::<libc::c_void>(),
-            &raw mut len,
-        )
-    };
-    if r < 0 { libc::EIO } else { err }
-}
-
-/// What a probe waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expect {
-    /// Connections answered (the client allowed).
-    Open,
-    /// Connections not answered (the client denied).
-    Closed,
-}
-
-struct Attempt {
-    start: Instant,
-    fd: Option<OwnedFd>,
-    /// Connected (answered), refused or not yet known.
-    ok: Option<bool>,
-    /// When it was seen answered.
-    answered: Option<Instant>,
-}
-
-/// When the attempts show `expect`: for `Open` when the first one was
-/// answered (its SYN let through: the moment is seen); for `Closed` the
-/// start of the first refused one followed by [`DENY_CONFIRM`] refused
-/// ones, once every earlier attempt is resolved (a dropped SYN leaves no
-/// moment to see: its attempt's start is taken, a lower bound when the
-/// rules take long to judge it).
-fn decided(attempts: &[Attempt], expect: Expect) -> Option<Instant> {
-    match expect {
-        Expect::Open => attempts.iter().filter_map(|a| a.answered).min(),
-        Expect::Closed => {
-            for (i, a) in attempts.iter().enumerate() {
-                a.ok?;
-                let run = attempts.get(i..=i + DENY_CONFIRM)?;
-                if run.iter().all(|b| b.ok == Some(false)) {
-                    return Some(a.start);
-                }
-            }
-            None
-        }
-    }
-}
-
-/// From inside the calling thread's namespace: a new connection attempt to
-/// `dst` every [`PROBE_EVERY`] (non-blocking, several in flight; one not
-/// connected within [`PROBE_TIMEOUT`] is refused) until the attempts show
-/// `expect` (see [`decided`]) or `limit` passes: that moment, and the
-/// number of attempts.
-fn probe(dst: SocketAddrV4, expect: Expect, limit: Duration) -> (Option<Instant>, usize) {
-    let deadline = Instant::now() + limit;
-    let mut attempts: Vec<Attempt> = Vec::new();
-    let mut next = Instant::now();
-    // Attempts before this index are resolved.
-    let mut first_pending = 0;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return (None, attempts.len());
-        }
-        if now >= next {
-            // A connect that fails at once (no local port) is no answer
-            // about the policy: not recorded.
-            if let Ok(fd) = start_connect(dst) {
-                attempts.push(Attempt {
-                    start: now,
-                    fd: Some(fd),
-                    ok: None,
-                    answered: None,
-                });
-            }
-            next = (next + PROBE_EVERY).max(now);
-        }
-        let pending: Vec<usize> = (first_pending..attempts.len())
-            .filter(|&i| attempts[i].ok.is_none())
-            .collect();
-        let mut fds: Vec<libc::pollfd> = pending
-            .iter()
-            .map(|&i| libc::pollfd {
-                fd: attempts[i].fd.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
-                events: libc::POLLOUT,
-                revents: 0,
-            })
-            .collect();
-        let wait = next.saturating_duration_since(Instant::now());
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::c_long::try_from(wait.as_nanos()).unwrap_or(1_000_000),
-        };
-        // SAFETY: `fds` is a valid array of its length; `ts` lives for
-        // the call; no signal mask is given.
-        let r = unsafe {
-            libc::ppoll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                &raw const ts,
-                std::ptr::null(),
-            )
-        };
-        let now = Instant::now();
-        for (p, &i) in fds.iter().zip(&pending) {
-            let a = &mut attempts[i];
-            if r > 0 && p.revents != 0 {
-                let connected = a.fd.as_ref().is_some_and(|fd| socket_error(fd) == 0);
-                a.ok = Some(connected);
-                a.answered = connected.then_some(now);
-                a.fd = None;
-            } else if now.duration_since(a.start) >= PROBE_TIMEOUT {
-                a.ok = Some(false);
-                a.fd = None;
-            }
-        }
-        while attempts.get(first_pending).is_some_and(|a| a.ok.is_some()) {
-            first_pending += 1;
-        }
-        if let Some(t) = decided(&attempts, expect) {
-            return (Some(t), attempts.len());
-        }
-    }
-}
-
 /// When a probed change showed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Seen {
@@ -819,7 +641,8 @@ fn time_to(ctx: &Ctx, v: Var, expect: Expect, change: impl FnOnce()) -> Seen {
     };
     let ns = ctx.pod(v, CLIENT);
     std::thread::scope(|scope| {
-        let prober = scope.spawn(|| ns.exec(move || probe(dst, expect, Duration::from_secs(60)).0));
+        let prober =
+            scope.spawn(|| ns.exec(move || probe(dst, expect, PACING, Duration::from_secs(60)).0));
         // The prober is in its loop (and has seen the state before) when
         // the change starts.
         std::thread::sleep(Duration::from_millis(30));
@@ -1182,7 +1005,7 @@ fn one_rule_changes(
                     // while an attempt's SYN waited to be judged.
                     Seen::Early(before)
                         if expect == Expect::Closed
-                            && before < PROBE_TIMEOUT.as_secs_f64() * 1e3 =>
+                            && before < PACING.timeout.as_secs_f64() * 1e3 =>
                     {
                         *early.entry(v).or_default() += 1;
                         Some(0.0)
@@ -1214,7 +1037,7 @@ fn one_rule_changes(
         notes.push(format!(
             "{}: in {count} one-rule denial samples the first refused attempt had started (by less than {} ms) before the change: its SYN was judged after the change took effect, queued behind the rules' work; recorded as 0 ms",
             v.name(),
-            PROBE_TIMEOUT.as_millis()
+            PACING.timeout.as_millis()
         ));
     }
     let p99 = |metric: &str| {
@@ -1235,8 +1058,8 @@ fn one_rule_changes(
     notes.push(format!(
         "one rule changed at N={n}: {samples} times per variant, interleaved and rotated, the client's rule made to deny it (one_rule_deny_visible_ms) then to allow it again (one_rule_allow_visible_ms). rivet: `rivetctl apply -f -` of the last NetworkPolicy ({} rules) with the client rule's podSelector changed (app=client ↔ app=client-denied), process start included; iptables+ipset: one `ipset del`/`ipset add` of the client's address in its rule's set, run in the node namespace (process start included) — the peer's fastest path, a set member changed as Calico's Felix applies a membership change (kube-router re-syncs every set and the whole table on a change: program_ms). Visible: from the change's start to the first connection answered (allow) or to the start of the first refused attempt (deny: a dropped SYN leaves no moment to see, so this is a lower bound where the rules take long to judge a SYN); meanwhile the client pod starts a non-blocking connect every {} ms (several in flight; one not connected within {} ms counts as refused; a denial counts once {} more attempts in a row are refused). one_rule_apply_ms: the change's command alone (both directions). p99: deny {}; allow {}",
         rules.len() - (policy_chunks(&rules).len() - 1) * RULES_PER_POLICY,
-        PROBE_EVERY.as_millis(),
-        PROBE_TIMEOUT.as_millis(),
+        PACING.every.as_millis(),
+        PACING.timeout.as_millis(),
         DENY_CONFIRM,
         p99(&deny_metric),
         p99(&allow_metric)
@@ -1416,40 +1239,6 @@ mod tests {
                 "{chain} undeclared"
             );
         }
-    }
-
-    #[test]
-    fn decisions() {
-        let t = Instant::now();
-        let at = |ms: u64, ok: Option<bool>| Attempt {
-            start: t + Duration::from_millis(ms),
-            fd: None,
-            ok,
-            answered: (ok == Some(true)).then(|| t + Duration::from_millis(ms + 1)),
-        };
-        // Open: the first answer seen, whatever is still pending.
-        let a = [at(0, Some(false)), at(1, None), at(2, Some(false))];
-        assert_eq!(decided(&a, Expect::Open), None);
-        let a = [at(0, Some(false)), at(1, None), at(2, Some(true))];
-        assert_eq!(
-            decided(&a, Expect::Open),
-            Some(t + Duration::from_millis(3))
-        );
-        // Closed: one refused attempt alone is noise.
-        let mut a = vec![
-            at(0, Some(true)),
-            at(1, Some(false)),
-            at(2, Some(true)),
-            at(3, Some(false)),
-            at(4, Some(false)),
-            at(5, Some(false)),
-        ];
-        assert_eq!(decided(&a, Expect::Closed), None);
-        a.push(at(6, Some(false)));
-        assert_eq!(
-            decided(&a, Expect::Closed),
-            Some(t + Duration::from_millis(3))
-        );
     }
 
     #[test]
