@@ -10,7 +10,9 @@
 //!   and `runtimeConfig.bandwidth` = {ingressRate, ingressBurst,
 //!   egressRate, egressBurst} (bits/s and bits, the CNI convention).
 //! - `reference`: a plain node; the reference plugins from /usr/lib/cni
-//!   driven as a runtime drives a chain: ADD `ptp` (host-local IPAM), then
+//!   driven as a runtime drives a chain: ADD `ptp` (host-local IPAM, the
+//!   pod MTU rivet's pods have, so that both carry a GB in as many
+//!   packets), then
 //!   ADD `bandwidth` with the `ptp` result as `prevResult` and the same
 //!   `runtimeConfig.bandwidth` (a TBF qdisc on the host veth for ingress; an
 //!   ifb device fed by a mirred redirect from the host veth's ingress, with
@@ -268,13 +270,14 @@ fn rivet_pod(
     PodNs { ns, ip }
 }
 
-/// A pod attached by the reference chain on node `n`: `ptp` (host-local),
-/// then `bandwidth` when limited.
+/// A pod attached by the reference chain on node `n`: `ptp` (host-local,
+/// pod MTU `mtu`), then `bandwidth` when limited.
 fn reference_pod(
     world: &World,
     n: usize,
     tag: &str,
     rate: Option<u64>,
+    mtu: u32,
     att: &mut Attachments,
 ) -> PodNs {
     let node = world.nodes[n].ns.path();
@@ -285,6 +288,7 @@ fn reference_pod(
         "name": REF_NETWORK,
         "type": "ptp",
         "ipMasq": false,
+        "mtu": mtu,
         "ipam": {
             "type": "host-local",
             "subnet": REF_SUBNET,
@@ -707,13 +711,18 @@ pub fn run(opts: &Options, sizes: &Sizes) -> Report {
         .run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
     let mut sides: Vec<Side> = Vec::new();
     let mut att = Attachments::default();
+    // The reference's pods take the MTU rivet gives its pods (the uplink's
+    // less the tunnel overhead): CPU per GB is mostly per packet, and at
+    // equal MTUs both variants carry a GB in the same number of packets.
+    let mut mtu = None;
     for (name, node) in [("rivet", rivet_node), ("reference", ref_node)] {
         let short = if name == "rivet" { "rv" } else { "rf" };
         let add = |tag: &str, rate: Option<u64>, att: &mut Attachments| {
             if name == "rivet" {
                 rivet_pod(&world, node, tag, rate, att)
             } else {
-                reference_pod(&world, node, tag, rate, att)
+                let mtu = mtu.expect("rivet's pods are attached first");
+                reference_pod(&world, node, tag, rate, mtu, att)
             }
         };
         let peer = add(&format!("{short}peer"), None, &mut att);
@@ -726,6 +735,9 @@ pub fn run(opts: &Options, sizes: &Sizes) -> Report {
                 )
             })
             .collect();
+        if name == "rivet" {
+            mtu = Some(pod_mtu(&peer.ns));
+        }
         sides.push(Side {
             name,
             limited,
@@ -919,7 +931,7 @@ fn notes(report: &mut Report, sizes: &Sizes) {
         format!("cells: rate {rates_mbit:?} Mbit/s × TCP streams {streams:?} × direction (egress: the limited pod sends to a peer pod of the same node without limits; ingress: the peer sends to it); measured rounds: {rounds}, after a warm-up round; the variants interleaved cell by cell, their order rotated per round"),
         format!("limits: runtimeConfig.bandwidth with ingressRate = egressRate = the rate (bit/s) and ingressBurst = egressBurst = rate / {BURST_SHARE} bits (100 ms of the rate), the same for both variants; one limited pod per rate per variant"),
         "rivet: rivetd + rivet-cni (release build), the pods attached by the plugin binary with capabilities {bandwidth: true} and runtimeConfig.bandwidth".into(),
-        format!("reference: containernetworking-plugins from /usr/lib/cni, ptp (host-local {REF_SUBNET}, ipMasq false) then bandwidth with prevResult and the same runtimeConfig.bandwidth (TBF on the host veth for ingress; ifb + TBF for egress, latency 25 ms as the plugin sets it), DEL in reverse order; the peer pod: ptp alone"),
+        format!("reference: containernetworking-plugins from /usr/lib/cni, ptp (host-local {REF_SUBNET}, ipMasq false, mtu = rivet's pod MTU: both variants carry a GB in the same number of packets; the reference ran at 1,500 up to 2026-12-06) then bandwidth with prevResult and the same runtimeConfig.bandwidth (TBF on the host veth for ingress; ifb + TBF for egress, latency 25 ms as the plugin sets it), DEL in reverse order; the peer pod: ptp alone"),
         format!("accuracy: goodput at the receiver over seconds 1..{secs} ÷ rate (iperf3 -t {secs}, client = sender on CPU 0, server = receiver on CPU 1 with -J, its intervals fetched by the client with --get-server-output; a tail interval starting at {secs} s is left out); first_second_accuracy: the receiver's first interval ÷ rate; load_accuracy: the same for the loading flow of the latency samples (whole test)"),
         "cpu_s_per_gb: CPU-seconds per GB the receiver got during each throughput sample, as same-node measures it: the iperf3 client's and server's own run time (getrusage) + the ksoftirqd threads' run time (/proc/<pid>/schedstat). Shaping work done in a timer's softirq while a CPU idles (a TBF's watchdog dequeueing) is not in it, so a limiter that sleeps between packets is undercounted; the figure is what the flows' own tasks and ksoftirqd spent. At 10 Mbit/s a sample carries about 12 MB per 10 s, so 0.01 CPU-s of other work (ksoftirqd serves the whole machine) adds about 0.8 CPU-s/GB: the low rates' figures are the noisiest".into(),
         format!("{MACHINE_CPU}: the whole machine's busy CPU-seconds (every CPU's time minus its idle time, from the kernel's tick-sched idle accounting, which stops at each interrupt's entry: interrupts and softirqs taken from idle — a shaper's timer dequeueing, an ifb tasklet — count as busy) over the iperf3 client's run, per GB the receiver got: all the work, whoever does it, but also whatever else runs meanwhile (the same agents, the same idle namespaces for both variants; the benchmark's own process waits). Each reading is exact to the ns but for a CPU whose last idle transition is under 10 ms old (crate::machine_busy_secs)"),
