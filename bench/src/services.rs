@@ -1728,29 +1728,32 @@ fn goals(report: &mut Report, sizes: &[usize], update_n: usize) {
             verdict(r >= 0.98)
         ));
     }
-    if let Some(s) = report
-        .metrics
-        .get(&format!("one_service_visible_ms_n{update_n}"))
-        .and_then(|m| m.get("rivet"))
-    {
-        let p99 = percentile(&s.samples, 99.0);
-        lines.push(format!(
-            "goal: one Service visible through `rivetctl apply` at N={update_n} ≤ 50 ms p99: {p99:.1} ms (p50 {:.1}) — {}",
-            s.median(),
-            verdict(p99 <= 50.0)
-        ));
-    }
-    if let Some(s) = report
-        .metrics
-        .get(&format!("one_service_map_to_answer_ms_n{update_n}"))
-        .and_then(|m| m.get("rivet"))
-    {
-        let p99 = percentile(&s.samples, 99.0);
-        lines.push(format!(
-            "goal: one Service visible after its map write at N={update_n} ≤ 1 ms p99: {p99:.3} ms (p50 {:.3}) — {}",
-            s.median(),
-            verdict(p99 <= 1.0)
-        ));
+    for (metric, what, limit_ms, digits) in [
+        (
+            "one_service_visible_ms",
+            "through `rivetctl apply`",
+            50.0,
+            1,
+        ),
+        (
+            "one_service_map_to_answer_ms",
+            "after its map write",
+            1.0,
+            3,
+        ),
+    ] {
+        if let Some(s) = report
+            .metrics
+            .get(&format!("{metric}_n{update_n}"))
+            .and_then(|m| m.get("rivet"))
+        {
+            let p99 = percentile(&s.samples, 99.0);
+            lines.push(format!(
+                "goal: one Service visible {what} at N={update_n} ≤ {limit_ms} ms p99: {p99:.digits$} ms (p50 {:.digits$}) — {}",
+                s.median(),
+                verdict(p99 <= limit_ms)
+            ));
+        }
     }
     let rss = med(
         "agent_rss_mib (10,000 Services x 10 backends, after apply)",
