@@ -88,7 +88,10 @@
 //! bucket alternated: goodput over seconds 1–10 0.922–0.963× with 1 ms,
 //! 0.957–0.964× with 10 ms, higher in 12 of 12 pairs (the suite's run
 //! that prompted it had 0.76× and 0.80× with 1 ms). It costs a first
-//! second of at most 1 % over the rate.
+//! second of at most 1 % over the rate. The class the two leaves share
+//! has a bucket [`SHARED_BURST_MARGIN`] deeper than theirs, so that a
+//! flow's leaf alone decides when the qdisc wakes: one timer per packet
+//! released instead of two (`rivet_netlink::messages::shaper`).
 
 use std::path::Path;
 
@@ -115,6 +118,11 @@ pub const INGRESS_QUEUE_MAX_MS: u64 = 50;
 pub const BURST_MS: u64 = 10;
 /// …and at least this many bytes (four full frames).
 pub const MIN_BURST_BYTES: u64 = 4 * 1_514;
+/// The rate class's bucket is deeper than its leaves' by this, bytes: two
+/// whole GSO packets, more than a leaf can owe (its largest packet), so
+/// that it does not wake the qdisc a second time per packet while one
+/// leaf sends alone (`rivet_netlink::messages::shaper`).
+pub const SHARED_BURST_MARGIN: u64 = 2 * GSO_MAX_BYTES;
 /// The Ethernet header each frame on a veth adds to its IP packet, bytes:
 /// charged by the qdisc, not counted in the rate.
 pub const ETH_HEADER_BYTES: u64 = 14;
@@ -165,12 +173,14 @@ pub fn shaper(rate_bits: u64, burst_bits: u64, mtu: u32, dir: usize) -> Option<S
     Some(Shaper {
         rate,
         burst: u32::try_from(burst).unwrap_or(u32::MAX),
+        shared_burst: u32::try_from(burst + SHARED_BURST_MARGIN).unwrap_or(u32::MAX),
         limit: u32::try_from(queue).unwrap_or(u32::MAX),
     })
 }
 
 /// The datapath's bucket for a direction shaped by `t`: the qdisc's
-/// burst, with `slack` (both classes' queues and a GSO packet more) for
+/// burst, with `slack` (both classes' queues, a GSO packet and what the
+/// rate class's deeper bucket lets both classes send together, more) for
 /// the egress check behind the qdisc. The queues, not the burst: what the qdisc
 /// releases reaches the check after the softirq gets to it, and that
 /// delay can exceed a burst (measured with a 1 ms burst: 13 packets
@@ -181,7 +191,7 @@ fn bucket(t: Option<&Shaper>, slack: bool) -> Bucket {
         return Bucket::default();
     };
     let depth = if slack {
-        2 * u64::from(t.limit) + GSO_MAX_BYTES
+        2 * u64::from(t.limit) + GSO_MAX_BYTES + u64::from(t.shared_burst.saturating_sub(t.burst))
     } else {
         u64::from(t.burst)
     };
@@ -525,11 +535,16 @@ mod tests {
         assert_eq!((egress.burst, egress.limit), (1_000_000, 1_009_333));
         // 100,933,333 bytes/s of frames: the requested 1,000,000-byte burst
         // within 10 ms; queue 1,009,333 bytes (10 ms);
-        // the check behind the qdisc 2 × that + one GSO packet =
-        // 2,086,250 bytes = 20.67 ms.
+        // the rate class's bucket two GSO packets deeper than the burst;
+        // the check behind the qdisc 2 × the queue + one GSO packet + those
+        // two = 2,221,418 bytes = 22.01 ms.
+        assert_eq!(
+            u64::from(egress.shared_burst),
+            1_000_000 + SHARED_BURST_MARGIN
+        );
         assert_eq!(
             pod.expect("limits").buckets[bandwidth_dir::EGRESS].depth_ns,
-            20_669_583
+            22_008_764
         );
         assert!(
             plan(Some(&Bandwidth::limits(Some((0, 0)), None)), 1_500)
