@@ -14,8 +14,8 @@
 //!   that veth anyway.
 //! - **Egress**: every packet the pod sends has left its `eth0` qdisc.
 //!   `from_pod` checks it once more against a token bucket in `BANDWIDTH`
-//!   ([`egress_over`], a GCRA at the same rate, twice the qdisc's
-//!   queue deep): traffic the qdisc shaped never exceeds it, so it only drops
+//!   ([`egress_over`], a GCRA at the most the qdisc passes, twice its
+//!   queue deep; the agent sets both): traffic the qdisc shaped never exceeds it, so it only drops
 //!   (`drop_bandwidth`) what a pod sends around its qdisc (one removed
 //!   from inside the pod).
 //!

@@ -10,6 +10,7 @@
 //! above 1.02×, or a first second above 1.5×, fails at once.
 
 use std::{
+    process::Stdio,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -21,7 +22,7 @@ use rivet_tests::{
     kube::rivetctl,
     metrics,
     netns::Netns,
-    traffic::{Load, Received, iperf3_received, ping_times},
+    traffic::{ChildGuard, Load, Received, iperf3_received, ping_times},
 };
 use serde_json::json;
 
@@ -362,6 +363,87 @@ fn a_flood_beyond_the_limit_leaves_other_pods_alone() {
     assert!(
         own_median < idle + queue_ms + 5.0,
         "the flooder's own ping p50 {own_median:.3} ms: more than its {queue_ms:.1} ms queue"
+    );
+}
+
+/// The BBR bandwidth estimate (bits/s, `ss -ti`'s `bbr:(bw:…bps`) of the
+/// connection in `ss` output that has delivered the most; `None` when
+/// that connection shows none.
+fn busiest_bbr_bw(ss: &str) -> Option<f64> {
+    let field = |line: &str, key: &str| -> Option<f64> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    ss.lines()
+        .filter_map(|l| Some((field(l, "bytes_acked:")?, l)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .and_then(|(_, l)| field(l, "bbr:(bw:"))
+}
+
+/// A BBR sender behind an egress limit estimates the limit, not more:
+/// the bulk class sends a packet once its bucket holds the whole of it,
+/// so no packet is seen delivered faster than the rate (a bulk class
+/// charging packets after sending them let BBR estimate 114–133 Mbit/s
+/// at 100 Mbit/s and pace above it, throttled by its own small queue).
+#[test]
+fn a_bbr_sender_estimates_the_rate() {
+    let _serial = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = World::new();
+    let n = w.add_node_with_agent();
+    let rate = 100 * MBIT;
+    let limited = w.add_pod_with_bandwidth(n, egress_only(rate));
+    let peer = w.add_pod(n);
+    let (ns, dst) = (&w.pods[limited].ns, w.pods[peer].ip.to_string());
+    let port = "6081";
+    let _server = ChildGuard(
+        w.pods[peer]
+            .ns
+            .command("iperf3")
+            .args(["-s", "-1", "-p", port])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting iperf3 -s"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !w.pods[peer]
+        .ns
+        .run("ss", &["-tln"])
+        .contains(&format!(":{port} "))
+    {
+        assert!(Instant::now() < deadline, "iperf3 -s not listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client = ChildGuard(
+        ns.command("iperf3")
+            .args(["-c", &dst, "-p", port, "-t", "8", "-C", "bbr"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting iperf3 -c"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let mut estimates = Vec::new();
+    for _ in 0..10 {
+        let ss = ns.run("ss", &["-tin", "dst", &dst]);
+        estimates.push(busiest_bbr_bw(&ss).unwrap_or_else(|| panic!("no BBR estimate in:\n{ss}")));
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let status = client.0.wait().expect("waiting for iperf3 -c");
+    assert!(status.success(), "iperf3 -c -C bbr failed: {status}");
+    estimates.sort_by(f64::total_cmp);
+    let median = estimates[estimates.len() / 2];
+    eprintln!("BBR estimates at {rate} bit/s: {estimates:?}");
+    assert!(
+        median <= 1.02 * rate as f64,
+        "BBR's median estimate {median:.0} bit/s above the {rate} bit/s limit: {estimates:?}"
+    );
+    assert!(
+        median >= 0.80 * rate as f64,
+        "BBR's median estimate {median:.0} bit/s far below the {rate} bit/s limit: {estimates:?}"
     );
 }
 

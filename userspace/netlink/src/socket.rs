@@ -6,14 +6,17 @@ use netlink_packet_core::{
     ErrorMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE,
     NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
-use netlink_packet_route::{RouteNetlinkMessage, tc::TcMessage};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    tc::{TcHandle, TcMessage},
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use crate::{
     Error,
     messages::{
-        LinkInfo, QdiscStats, SHAPER_KIND, Shaper, link_info, link_named, root_qdisc,
-        root_qdisc_stats, shaper,
+        LinkInfo, QdiscStats, SHAPER_BULK, SHAPER_BULK_KIND, SHAPER_KIND, Shaper, link_info,
+        link_named, qdisc_stats, root_qdisc, shaper,
     },
 };
 
@@ -234,14 +237,16 @@ impl RouteSocket {
         }
     }
 
-    /// The counters of every [`shaper`] in the namespace (its root qdisc).
+    /// The counters of every [`shaper`] in the namespace: its root
+    /// qdisc's, with the delays of its bulk class's `tbf` added (drops
+    /// the root counts itself).
     pub fn shapers(&mut self) -> Result<Vec<QdiscStats>, Error> {
         let (seq, frame) = self.frame(
             NLM_F_REQUEST | NLM_F_DUMP,
             RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()),
         );
         self.send(&frame)?;
-        let mut out = Vec::new();
+        let (mut out, mut bulk) = (Vec::new(), Vec::new());
         let mut failed = None;
         self.receive(|msg| {
             if msg.header.sequence_number != seq {
@@ -254,16 +259,22 @@ impl RouteSocket {
                     true
                 }
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(q)) => {
-                    out.extend(root_qdisc_stats(&q, SHAPER_KIND));
+                    out.extend(qdisc_stats(&q, TcHandle::ROOT, SHAPER_KIND));
+                    bulk.extend(qdisc_stats(&q, SHAPER_BULK, SHAPER_BULK_KIND));
                     false
                 }
                 _ => false,
             }
         })?;
-        match failed {
-            Some(e) if e.code.is_some() => Err(Error::Kernel(e)),
-            _ => Ok(out),
+        if let Some(e) = failed.filter(|e| e.code.is_some()) {
+            return Err(Error::Kernel(e));
         }
+        for root in &mut out {
+            for b in bulk.iter().filter(|b| b.index == root.index) {
+                root.overlimits += b.overlimits;
+            }
+        }
+        Ok(out)
     }
 
     /// Removes the root qdisc of link `index` (back to the default): false

@@ -16,36 +16,43 @@
 //! - egress: the tree is the root qdisc of the pod's `eth0`. The sender's
 //!   own stack feels the queue (TCP small queues): TCP slows down instead
 //!   of losing packets. `from_pod` checks the result against a token bucket
-//!   at the same rate and twice the queue deep, which only traffic sent
-//!   around the qdisc can exceed (`drop_bandwidth`).
+//!   at what the tree can pass (the rate and the small class's share) and
+//!   twice the queue deep, which only traffic sent around the qdisc can
+//!   exceed (`drop_bandwidth`).
 //! - ingress: the tree is the root qdisc of the host-side veth; deliveries
 //!   into a pod with an ingress limit use `bpf_redirect` to that veth's
 //!   egress instead of `bpf_redirect_peer` (which skips it).
 //!
-//! **Why `htb`, not `tbf`.** Both charge a GSO packet by the frames it
-//! becomes, so both are exact over time. `tbf` sends a packet only once
-//! its bucket holds the whole of it, and holds the packet at the head of
-//! its queue meanwhile: a 64 KiB packet at 100 Mbit/s keeps everything
-//! behind it, a ping included, for 5.2 ms, unless the bucket is so small
-//! that `tbf` cuts GSO packets into frames — which costs the receiving pod
-//! 3–4× the CPU per byte. `htb` sends a packet while its class is not in
-//! debt and charges it afterwards, so GSO packets leave whole, and it
-//! serves small packets (pings, TCP acks, DNS) from a class of their own
-//! with tokens of its own, so they wait for neither the flow's queue nor
-//! the packet before them. Measured in two namespaces, one iperf3 flow
-//! and pings every 10 ms (2026-12-06, p99 added by the flow; goodput ÷
-//! rate; machine CPU-s per GB): ingress at 100 Mbit/s, `tbf` (1 ms burst,
-//! small packets first) 0.16 ms, 0.956, 6.1 → `htb` 0.06 ms, 0.957, 1.4–1.8;
-//! at 10 Mbit/s 3.4 ms → 0.06 ms; egress at 1 Gbit/s 0.58 → 0.06 ms.
+//! **Why `htb` classes around a `tbf`.** Both qdiscs charge a GSO packet
+//! by the frames it becomes, so both are exact over time. A `tbf` alone
+//! sends a packet only once its bucket holds the whole of it and holds it
+//! at the head of its queue meanwhile: a 64 KiB packet at 100 Mbit/s
+//! keeps everything behind it, a ping included, for 5.2 ms (a bucket so
+//! small that `tbf` cuts GSO packets into frames costs the receiving pod
+//! 3–4× the CPU per byte). So small packets (pings, TCP acks, DNS) get an
+//! `htb` class of their own with tokens of their own and are served
+//! first: they wait for neither the flow's queue nor the packet before
+//! them. Measured in two namespaces, one iperf3 flow and pings every
+//! 10 ms (2026-12-06, p99 added by the flow; goodput ÷ rate; machine
+//! CPU-s per GB): ingress at 100 Mbit/s, `tbf` (1 ms burst, small packets
+//! first) 0.16 ms, 0.956, 6.1 → `htb` 0.06 ms, 0.957, 1.4–1.8; at
+//! 10 Mbit/s 3.4 ms → 0.06 ms; egress at 1 Gbit/s 0.58 → 0.06 ms. The
+//! rest (the bulk class) is held to the rate by a `tbf` with a bucket of
+//! at least two GSO packets ([`MIN_BULK_BURST_BYTES`]), not by an `htb`
+//! class: `htb` charges a packet after sending it, which a TCP sender
+//! whose round trip spans a packet or two reads as a rate above the limit
+//! (BBR's estimate 114–133 Mbit/s at 100 Mbit/s, its sender throttled
+//! about 190 times a second; `rivet_netlink::messages::shaper` has the
+//! figures).
 //!
 //! **What the rate counts: IP bytes.** A rate is the IP packets a pod
 //! sends or receives per second, not the Ethernet frames its veth wraps
 //! them in: the pod's traffic has no Ethernet header once it is routed,
 //! encapsulated or leaves the node, and its TCP gets the larger share of
 //! the rate (payload ÷ IP packet = (MTU − 52) ÷ MTU with timestamps, 0.965
-//! at MTU 1500, against 0.956 of a frame). `htb` charges frames (the
-//! kernel's `qdisc_pkt_len`: a GSO packet by the frames it becomes), and
-//! its rate specification cannot subtract a per-packet overhead (a size
+//! at MTU 1500, against 0.956 of a frame). `htb` and `tbf` charge frames
+//! (the kernel's `qdisc_pkt_len`: a GSO packet by the frames it becomes),
+//! and their rate specification cannot subtract a per-packet overhead (a size
 //! table can, but it charges a GSO packet as one frame), so the qdisc's
 //! rate is the requested one scaled by (MTU + 14) ÷ MTU ([`frame_rate`]):
 //! a full-size packet is charged exactly its IP bytes, a smaller one a
@@ -87,17 +94,22 @@
 //! sending four TCP streams to a pod across the VXLAN overlay, 11 s, the
 //! bucket alternated: goodput over seconds 1–10 0.922–0.963× with 1 ms,
 //! 0.957–0.964× with 10 ms, higher in 12 of 12 pairs (the suite's run
-//! that prompted it had 0.76× and 0.80× with 1 ms). It costs a first
-//! second of at most 1 % over the rate. The class the two leaves share
-//! has a bucket [`SHARED_BURST_MARGIN`] deeper than theirs, so that a
-//! flow's leaf alone decides when the qdisc wakes: one timer per packet
-//! released instead of two (`rivet_netlink::messages::shaper`).
+//! that prompted it had 0.76× and 0.80× with 1 ms). The bulk's `tbf`
+//! bucket is the same but at least [`MIN_BULK_BURST_BYTES`] (a `tbf` cuts
+//! a packet larger than its bucket into frames): a first second of at
+//! most 1 % over the rate at 1 Gbit/s, 11 % at 10 Mbit/s. The class the
+//! two leaves share has a bucket [`SHARED_BURST_MARGIN`] deeper than
+//! theirs, at least the bulk's, so the bulk never leaves it in debt
+//! (`rivet_netlink::messages::shaper`).
 
 use std::path::Path;
 
 use rivet_api::{Bandwidth, BandwidthFigures, Endpoint, EndpointState};
 use rivet_common::{Bucket, PodBandwidth, bandwidth_dir};
-use rivet_netlink::{RouteSocket, messages::Shaper};
+use rivet_netlink::{
+    RouteSocket,
+    messages::{SHAPER_SMALL_SHARE, Shaper},
+};
 
 use super::{EndpointError, Endpoints};
 use crate::{datapath::Datapath, netlink::netns};
@@ -123,6 +135,10 @@ pub const MIN_BURST_BYTES: u64 = 4 * 1_514;
 /// that it does not wake the qdisc a second time per packet while one
 /// leaf sends alone (`rivet_netlink::messages::shaper`).
 pub const SHARED_BURST_MARGIN: u64 = 2 * GSO_MAX_BYTES;
+/// The bulk class's token bucket holds at least this many bytes: two
+/// whole GSO packets, more than the frames of the largest (a `tbf` cuts a
+/// packet larger than its bucket into frames, or drops it).
+pub const MIN_BULK_BURST_BYTES: u64 = 2 * GSO_MAX_BYTES;
 /// The Ethernet header each frame on a veth adds to its IP packet, bytes:
 /// charged by the qdisc, not counted in the rate.
 pub const ETH_HEADER_BYTES: u64 = 14;
@@ -174,14 +190,17 @@ pub fn shaper(rate_bits: u64, burst_bits: u64, mtu: u32, dir: usize) -> Option<S
         rate,
         burst: u32::try_from(burst).unwrap_or(u32::MAX),
         shared_burst: u32::try_from(burst + SHARED_BURST_MARGIN).unwrap_or(u32::MAX),
+        bulk_burst: u32::try_from(burst.max(MIN_BULK_BURST_BYTES)).unwrap_or(u32::MAX),
         limit: u32::try_from(queue).unwrap_or(u32::MAX),
     })
 }
 
-/// The datapath's bucket for a direction shaped by `t`: the qdisc's
-/// burst, with `slack` (both classes' queues, a GSO packet and what the
-/// rate class's deeper bucket lets both classes send together, more) for
-/// the egress check behind the qdisc. The queues, not the burst: what the qdisc
+/// The datapath's bucket for a direction shaped by `t`: the qdisc's rate
+/// and burst; with `slack`, for the egress check behind the qdisc, the
+/// most the tree passes (the rate and the small class's own share, both
+/// classes full) and a deeper bucket (both classes' queues, a GSO packet,
+/// and what the rate class's and the bulk's deeper buckets let go at
+/// once, more). The queues, not the burst: what the qdisc
 /// releases reaches the check after the softirq gets to it, and that
 /// delay can exceed a burst (measured with a 1 ms burst: 13 packets
 /// dropped over the 1 Gbit/s cells of `tests/tests/bandwidth.rs` with
@@ -190,14 +209,20 @@ fn bucket(t: Option<&Shaper>, slack: bool) -> Bucket {
     let Some(t) = t else {
         return Bucket::default();
     };
-    let depth = if slack {
-        2 * u64::from(t.limit) + GSO_MAX_BYTES + u64::from(t.shared_burst.saturating_sub(t.burst))
+    let (rate, depth) = if slack {
+        (
+            t.rate + t.rate / SHAPER_SMALL_SHARE,
+            2 * u64::from(t.limit)
+                + GSO_MAX_BYTES
+                + u64::from(t.shared_burst.saturating_sub(t.burst))
+                + u64::from(t.bulk_burst.saturating_sub(t.burst)),
+        )
     } else {
-        u64::from(t.burst)
+        (t.rate, u64::from(t.burst))
     };
-    let depth_ns = u128::from(depth) * 1_000_000_000 / u128::from(t.rate);
+    let depth_ns = u128::from(depth) * 1_000_000_000 / u128::from(rate);
     Bucket {
-        rate: t.rate,
+        rate,
         depth_ns: u64::try_from(depth_ns).unwrap_or(u64::MAX),
         ..Bucket::default()
     }
@@ -534,17 +559,29 @@ mod tests {
         let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
         assert_eq!((egress.burst, egress.limit), (1_000_000, 1_009_333));
         // 100,933,333 bytes/s of frames: the requested 1,000,000-byte burst
-        // within 10 ms; queue 1,009,333 bytes (10 ms);
-        // the rate class's bucket two GSO packets deeper than the burst;
-        // the check behind the qdisc 2 × the queue + one GSO packet + those
-        // two = 2,221,418 bytes = 22.01 ms.
+        // within 10 ms, the bulk's bucket the same (above two GSO
+        // packets); queue 1,009,333 bytes (10 ms); the rate class's bucket
+        // two GSO packets deeper than the burst; the check behind the
+        // qdisc at the rate and its 1/50 for small packets, 102,951,999
+        // bytes/s, 2 × the queue + one GSO packet + those two = 2,221,418
+        // bytes deep = 21.58 ms.
         assert_eq!(
             u64::from(egress.shared_burst),
             1_000_000 + SHARED_BURST_MARGIN
         );
+        assert_eq!(egress.bulk_burst, 1_000_000);
+        let check = pod.expect("limits").buckets[bandwidth_dir::EGRESS];
+        assert_eq!((check.rate, check.depth_ns), (102_951_999, 21_577_220));
+        // At 10 Mbit/s the burst is 10 ms (12,616 bytes of frames) and the
+        // bulk's bucket two GSO packets: a `tbf` holds a packet whole.
+        let (shapers, _) = plan(
+            Some(&Bandwidth::limits(None, Some((10_000_000, 80_000_000)))),
+            1_500,
+        );
+        let egress = shapers[bandwidth_dir::EGRESS].expect("egress");
         assert_eq!(
-            pod.expect("limits").buckets[bandwidth_dir::EGRESS].depth_ns,
-            22_008_764
+            (egress.burst, u64::from(egress.bulk_burst)),
+            (12_616, MIN_BULK_BURST_BYTES)
         );
         assert!(
             plan(Some(&Bandwidth::limits(Some((0, 0)), None)), 1_500)
