@@ -184,7 +184,7 @@ pub struct Shaper {
     /// Bucket depth, bytes: sent at line rate after idle.
     pub burst: u32,
     /// The [`SHAPER_RATE`] class's bucket, bytes: deeper than `burst` by
-    /// more than a leaf can owe (its largest packet), see [`shaper`].
+    /// two GSO packets and at least `bulk_burst`, see [`shaper`].
     pub shared_burst: u32,
     /// The [`SHAPER_BULK`] class's token bucket, bytes: at least the
     /// frames of the largest GSO packet, see [`shaper`].
@@ -242,7 +242,7 @@ const SHAPER_BULK_CLASS_SPEEDUP: u64 = 64;
 /// is seen delivered faster than the rate. Measured 2026-12-07 in two
 /// bare namespaces, one BBR flow at 100 Mbit/s, the tree on the sender's
 /// veth: BBR's bandwidth estimate (`ss -ti`) 114–133 Mbit/s with an
-/// `htb` bulk class, 96.5–97.2 with this `tbf` (two samples in 18 at
+/// `htb` bulk class, 96.5–103 with this `tbf` (two samples in 18 at
 /// 138–143); the sender, pacing above what the shaper drains, kept its
 /// small-queue allowance full and was throttled, the throttled work run
 /// by `ksoftirqd` on the receiver's CPU: 177–199 wakes/s against 17–57.
@@ -258,12 +258,11 @@ const SHAPER_BULK_CLASS_SPEEDUP: u64 = 64;
 /// `tbf` "is non-work-conserving" (it holds packets back: its purpose).
 ///
 /// The rate class's bucket is `s.shared_burst`, at least the bulk's
-/// bucket: the bulk (a burst after idle, then the rate) never leaves it in
-/// debt, so the small class can
-/// borrow whenever the bulk is below the rate, and `htb` does not wake
-/// for the rate class (a second timer per packet, measured 2026-12-07 at
-/// 10 Mbit/s with both leaves under `htb`: 164 `qdisc_watchdog` starts/s
-/// against 92).
+/// bucket: the bulk (a burst after idle, then the rate) never leaves it
+/// in debt, so the small class can borrow whenever the bulk is below the
+/// rate, and `htb` does not wake for the rate class (a second timer per
+/// packet, measured 2026-12-07 at 10 Mbit/s with both leaves under
+/// `htb`: 164 `qdisc_watchdog` starts/s against 92).
 pub fn shaper(index: u32, s: &Shaper) -> Vec<RouteNetlinkMessage> {
     let small = s.rate / SHAPER_SMALL_SHARE;
     let mut out = vec![
