@@ -370,7 +370,6 @@ struct HtbRates {
 /// ceil … burst … cburst … prio … quantum 64K` (linklayer-aware rates: no
 /// rate tables; 64-bit rates as their own attributes).
 fn htb_class(index: u32, handles: (TcHandle, TcHandle), r: HtbRates) -> TcMessage {
-    const TC_LINKLAYER_ETHERNET: u8 = 1;
     const TCA_HTB_PARMS: u16 = 1;
     const TCA_HTB_RATE64: u16 = 6;
     const TCA_HTB_CEIL64: u16 = 7;
@@ -381,13 +380,11 @@ fn htb_class(index: u32, handles: (TcHandle, TcHandle), r: HtbRates) -> TcMessag
         let ns = u128::from(r.burst) * 1_000_000_000 / u128::from(rate.max(1));
         u32::try_from(ns >> 6).unwrap_or(u32::MAX)
     };
-    // struct tc_htb_opt: rate and ceil (struct tc_ratespec: cell_log,
-    // linklayer, overhead, cell_align, mpu, rate), buffer, cbuffer,
-    // quantum, level, prio.
+    // struct tc_htb_opt: rate and ceil, buffer, cbuffer, quantum, level,
+    // prio.
     let mut parms = Vec::with_capacity(44);
     for rate in [r.rate, r.ceil] {
-        parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
-        parms.extend_from_slice(&u32::try_from(rate).unwrap_or(u32::MAX).to_ne_bytes());
+        parms.extend_from_slice(&ratespec(rate));
     }
     for field in [ticks(r.rate), ticks(r.ceil), QUANTUM, 0, r.prio] {
         parms.extend_from_slice(&field.to_ne_bytes());
@@ -405,16 +402,13 @@ fn htb_class(index: u32, handles: (TcHandle, TcHandle), r: HtbRates) -> TcMessag
 /// tbf rate <rate> burst <burst> limit <limit>` (linklayer-aware rate,
 /// no rate table; its queue is the `bfifo` of `limit` it makes itself).
 fn tbf(index: u32, class: TcHandle, rate: u64, burst: u32, limit: u32) -> TcMessage {
-    const TC_LINKLAYER_ETHERNET: u8 = 1;
     const TCA_TBF_PARMS: u16 = 1;
     const TCA_TBF_RATE64: u16 = 4;
     const TCA_TBF_BURST: u16 = 6;
-    // struct tc_tbf_qopt: rate and peakrate (struct tc_ratespec), limit,
-    // buffer (psched ticks; TCA_TBF_BURST, in bytes, takes its place),
-    // mtu.
+    // struct tc_tbf_qopt: rate and peakrate (none), limit, buffer (psched
+    // ticks; TCA_TBF_BURST, in bytes, takes its place), mtu.
     let mut parms = Vec::with_capacity(36);
-    parms.extend_from_slice(&[0, TC_LINKLAYER_ETHERNET, 0, 0, 0, 0, 0, 0]);
-    parms.extend_from_slice(&u32::try_from(rate).unwrap_or(u32::MAX).to_ne_bytes());
+    parms.extend_from_slice(&ratespec(rate));
     parms.extend_from_slice(&[0; 12]);
     for field in [limit, 0, 0] {
         parms.extend_from_slice(&field.to_ne_bytes());
@@ -426,11 +420,33 @@ fn tbf(index: u32, class: TcHandle, rate: u64, burst: u32, limit: u32) -> TcMess
     if rate > u64::from(u32::MAX) {
         options.push((TCA_TBF_RATE64, rate.to_ne_bytes().to_vec()));
     }
-    let handle = TcHandle {
+    tc_options(
+        index,
+        (class, leaf_handle(class)),
+        SHAPER_BULK_KIND,
+        options,
+    )
+}
+
+/// A `struct tc_ratespec` (cell_log, linklayer, overhead, cell_align,
+/// mpu, rate) for `rate` bytes/s on an Ethernet link layer: the kernel
+/// computes the time of a packet from its length, no rate table. A rate
+/// beyond 32 bits is capped here and sent as its own 64-bit attribute.
+fn ratespec(rate: u64) -> [u8; 12] {
+    const TC_LINKLAYER_ETHERNET: u8 = 1;
+    let mut spec = [0; 12];
+    spec[1] = TC_LINKLAYER_ETHERNET;
+    spec[8..].copy_from_slice(&u32::try_from(rate).unwrap_or(u32::MAX).to_ne_bytes());
+    spec
+}
+
+/// The handle of the qdisc under a shaper's leaf `class`: major
+/// class major + minor (`1:3` → `4:`).
+fn leaf_handle(class: TcHandle) -> TcHandle {
+    TcHandle {
         major: class.major + class.minor,
         minor: 0,
-    };
-    tc_options(index, (class, handle), SHAPER_BULK_KIND, options)
+    }
 }
 
 /// `tc qdisc add dev <index> parent <class> bfifo limit <limit>`.
@@ -439,10 +455,7 @@ fn bfifo(index: u32, class: TcHandle, limit: u32) -> TcMessage {
     const TCA_OPTIONS: u16 = 2;
     let mut msg = TcMessage::with_index(index as i32);
     msg.header.parent = class;
-    msg.header.handle = TcHandle {
-        major: class.major + class.minor,
-        minor: 0,
-    };
+    msg.header.handle = leaf_handle(class);
     msg.attributes.push(TcAttribute::Kind("bfifo".into()));
     // struct tc_fifo_qopt { limit } as the options themselves, not nested.
     msg.attributes.push(TcAttribute::Other(DefaultNla::new(
@@ -676,6 +689,17 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratespec_is_ethernet_with_the_rate_capped_at_32_bits() {
+        let mut want = [0u8; 12];
+        want[1] = 1;
+        want[8..].copy_from_slice(&1_261_666u32.to_ne_bytes());
+        assert_eq!(ratespec(1_261_666), want);
+        want[8..].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert_eq!(ratespec(1 << 40), want);
+        assert_eq!(leaf_handle(SHAPER_BULK), TcHandle { major: 4, minor: 0 });
+    }
 
     #[test]
     fn macs_round_trip() {
